@@ -1,0 +1,35 @@
+# corral: the two commands a new user needs are 'make demo' and 'make test'.
+# Both install what is missing first: system packages (bubblewrap, libseccomp) through
+# scripts/ensure-system, then corral itself into .venv in this checkout.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: setup system demo test check bench clean
+
+setup: system $(VENV)/.installed
+
+system:
+	@PYTHON=$(PYTHON) scripts/ensure-system
+
+$(VENV)/.installed: pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "corral needs Python 3.11 or newer: make PYTHON=python3.11 ...")'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $@
+
+demo: setup
+	@scripts/demo
+
+test: setup
+	$(BIN)/pytest
+
+check: setup
+	scripts/check
+
+bench: setup
+	$(BIN)/python bench/launch.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

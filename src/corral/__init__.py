@@ -1,0 +1,54 @@
+"""corral: sandbox AI coding agents, and the scripts they write, with bubblewrap.
+
+    >>> import corral
+    >>> result = corral.run(["/bin/true"])
+    >>> result.exit_code
+    0
+
+Public names are imported lazily, so ``import corral`` costs almost nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "Allow",
+    "CorralError",
+    "HostError",
+    "LaunchError",
+    "Limits",
+    "Network",
+    "Policy",
+    "ProfileError",
+    "Result",
+    "UsageError",
+    "load_profile",
+    "run",
+]
+__version__ = "0.1.0"
+
+_WHERE = {
+    "Allow": "policy", "Limits": "policy", "Network": "policy", "Policy": "policy",
+    "CorralError": "errors", "HostError": "errors", "LaunchError": "errors",
+    "ProfileError": "errors", "UsageError": "errors",
+    "Result": "api", "run": "api", "load_profile": "profiles",
+}
+
+if TYPE_CHECKING:
+    from .api import Result, run
+    from .errors import CorralError, HostError, LaunchError, ProfileError, UsageError
+    from .policy import Allow, Limits, Network, Policy
+    from .profiles import load_profile
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'corral' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,287 @@
+"""Building bwrap's argument list: pure, ordered, tested with exact lists.
+
+A :class:`Sandbox` is a fully resolved description of one sandbox (every
+path checked, every uid known).  :func:`build_ops` turns it into a list of
+small operation objects, each of which knows its bwrap flag; :func:`render`
+turns those into words, asking an :class:`FdTable` for the descriptor
+numbers of data and path handles.  Nothing here touches the machine.
+
+bwrap applies operations in order, and a later mount covers an earlier one,
+so :func:`build_ops` emits them in this documented order:
+
+ 1. process and namespace flags
+ 2. the read-only base: ``/usr`` and its usr-merge symlinks, ``/etc`` files
+ 3. read-only extras: interpreter prefixes, a virtualenv, user paths
+ 4. kernel filesystems and scratch: ``/proc``, ``/dev``, ``/tmp``, ``/dev/shm``
+ 5. writable binds (the workspace), always by file descriptor
+ 6. hidden paths and read-only re-binds inside writable trees (agent mode)
+ 7. generated files (``/etc/passwd``, corral's init)
+ 8. environment, working directory, seccomp, status reporting
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+__all__ = [
+    "Data",
+    "FdTable",
+    "Mount",
+    "Op",
+    "PathHandle",
+    "Sandbox",
+    "build_ops",
+    "render",
+    "render_lines",
+]
+
+INIT_PATH = "/.corral/init.py"
+
+
+@dataclass(frozen=True, slots=True)
+class Data:
+    """Bytes handed to bwrap through a descriptor (a generated file, a seccomp program)."""
+
+    name: str  # for --dry-run and error messages
+    content: bytes = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PathHandle:
+    """A host path that the launcher opens with O_PATH and hands to bwrap as a descriptor.
+
+    Writable trees are bound this way: the launcher checks and opens the
+    exact directory, so a path component swapped afterwards changes nothing.
+    """
+
+    path: str
+
+
+class FdTable(Protocol):
+    def fd(self, item: Data | PathHandle) -> int: ...
+
+
+# One tiny type per bwrap operation; each yields its own words.
+@dataclass(frozen=True, slots=True)
+class Flag:
+    words: tuple[str, ...]
+
+    def args(self, fds: FdTable) -> list[str]:
+        return list(self.words)
+
+
+@dataclass(frozen=True, slots=True)
+class RoBind:
+    source: str
+    dest: str
+    optional: bool = False
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--ro-bind-try" if self.optional else "--ro-bind", self.source, self.dest]
+
+
+@dataclass(frozen=True, slots=True)
+class BindFd:
+    handle: PathHandle
+    dest: str
+    writable: bool
+
+    def args(self, fds: FdTable) -> list[str]:
+        flag = "--bind-fd" if self.writable else "--ro-bind-fd"
+        return [flag, str(fds.fd(self.handle)), self.dest]
+
+
+@dataclass(frozen=True, slots=True)
+class Symlink:
+    target: str
+    dest: str
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--symlink", self.target, self.dest]
+
+
+@dataclass(frozen=True, slots=True)
+class Dir:
+    dest: str
+    perms: int = 0o755
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--perms", f"{self.perms:04o}", "--dir", self.dest]
+
+
+@dataclass(frozen=True, slots=True)
+class Tmpfs:
+    dest: str
+    size: int | None = None
+    perms: int = 0o755
+
+    def args(self, fds: FdTable) -> list[str]:
+        size = ["--size", str(self.size)] if self.size else []
+        return [*size, "--perms", f"{self.perms:04o}", "--tmpfs", self.dest]
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    """--proc or --dev."""
+
+    flag: str
+    dest: str
+
+    def args(self, fds: FdTable) -> list[str]:
+        return [self.flag, self.dest]
+
+
+@dataclass(frozen=True, slots=True)
+class RoData:
+    data: Data
+    dest: str
+    perms: int = 0o444
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--perms", f"{self.perms:04o}", "--ro-bind-data", str(fds.fd(self.data)),
+                self.dest]
+
+
+@dataclass(frozen=True, slots=True)
+class SetEnv:
+    name: str
+    value: str
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--setenv", self.name, self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class FdFlag:
+    """A flag whose argument is a descriptor: --seccomp, --json-status-fd, --sync-fd."""
+
+    flag: str
+    item: Data | PathHandle | int
+
+    def args(self, fds: FdTable) -> list[str]:
+        fd = self.item if isinstance(self.item, int) else fds.fd(self.item)
+        return [self.flag, str(fd)]
+
+
+Op = Flag | RoBind | BindFd | Symlink | Dir | Tmpfs | Kernel | RoData | SetEnv | FdFlag
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """A host path made visible inside.  Writable mounts are always bound by descriptor."""
+
+    source: str
+    dest: str
+    writable: bool = False
+    by_fd: bool = False  # open the source first; required for anything untrusted can change
+    optional: bool = False  # skip silently when the source does not exist
+
+
+@dataclass(frozen=True, slots=True)
+class Sandbox:
+    """One sandbox, fully resolved.  Produced by :mod:`corral.resolve`, consumed here."""
+
+    argv: tuple[str, ...]  # the payload, argv[0] an absolute path inside
+    init_python: str  # interpreter that runs corral's init inside
+    init_source: bytes = field(repr=False)
+    init_config: Mapping[str, Any]  # for the init; the launcher adds descriptor numbers
+    root_mode: bool  # started by root: no user namespace, the init drops to uid/gid
+    uid: int
+    gid: int
+    disable_userns: bool
+    usr_links: tuple[tuple[str, str], ...]  # usr-merge symlinks: (target, link), /bin -> usr/bin
+    base: tuple[Mount, ...]  # read-only system paths and interpreter prefixes
+    writable: tuple[Mount, ...]  # the workspace (and in agent mode, the project)
+    masks: tuple[Op, ...] = ()  # hides and re-binds inside writable trees, in order
+    files: tuple[tuple[str, bytes], ...] = ()  # generated read-only files: (dest, content)
+    env: tuple[tuple[str, str], ...] = ()
+    chdir: str = "/work"
+    hostname: str = "corral"
+    tmp_bytes: int = 512 << 20
+    shm_bytes: int = 64 << 20
+    seccomp: bytes | None = field(default=None, repr=False)
+
+
+def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
+    if sb.root_mode:
+        # No user namespace: bwrap mounts with root's own rights, and the init keeps
+        # only what it needs to drop to sb.uid (fact 1: never uid 0 on disk).
+        yield Flag(("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+                    "--unshare-cgroup-try"))
+        yield Flag(("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                    "--cap-add", "CAP_SETPCAP"))
+    else:
+        yield Flag(("--unshare-all", "--unshare-user"))
+        if sb.disable_userns:
+            yield Flag(("--disable-userns",))
+        yield Flag(("--cap-drop", "ALL"))
+    yield Flag(("--die-with-parent", "--new-session", "--hostname", sb.hostname))
+
+
+def _parents(dest: str, made: set[str]) -> Iterator[Op]:
+    """--dir for each missing parent: bwrap 0.8 makes bind parents mode 0700 otherwise."""
+    missing = []
+    parent = os.path.dirname(dest)
+    while parent not in ("/", "") and parent not in made:
+        missing.append(parent)
+        made.add(parent)
+        parent = os.path.dirname(parent)
+    for path in reversed(missing):
+        yield Dir(path)
+
+
+def _mount(m: Mount, made: set[str]) -> Iterator[Op]:
+    yield from _parents(m.dest, made)
+    made.add(m.dest)
+    if m.by_fd or m.writable:
+        yield BindFd(PathHandle(m.source), m.dest, m.writable)
+    else:
+        yield RoBind(m.source, m.dest, m.optional)
+
+
+def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
+    """The ordered operations for ``sb``; see the module docstring for the order.
+
+    ``status_fd`` is the launcher's descriptor for bwrap's --json-status-fd.
+    """
+    made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
+    ops: list[Op] = list(_namespace_flags(sb))
+    ops.append(RoBind("/usr", "/usr"))
+    ops.extend(Symlink(target, link) for target, link in sb.usr_links)
+    for m in sb.base:
+        ops.extend(_mount(m, made))
+    ops += [Kernel("--proc", "/proc"), Kernel("--dev", "/dev"),
+            Tmpfs("/tmp", sb.tmp_bytes, 0o1777), Tmpfs("/dev/shm", sb.shm_bytes, 0o1777)]
+    for m in sb.writable:
+        ops.extend(_mount(m, made))
+    ops.extend(sb.masks)
+    for dest, content in (*sb.files, (INIT_PATH, sb.init_source)):
+        ops.extend(_parents(dest, made))
+        ops.append(RoData(Data(dest, content), dest))
+    ops.append(Flag(("--clearenv",)))  # before any --setenv (fact 11)
+    ops.extend(SetEnv(name, value) for name, value in sb.env)
+    ops.append(Flag(("--chdir", "/")))  # the init changes to sb.chdir once it is the payload's uid
+    if sb.seccomp is not None:
+        ops.append(FdFlag("--seccomp", Data("seccomp", sb.seccomp)))
+    if status_fd is not None:
+        ops.append(FdFlag("--json-status-fd", status_fd))
+    return ops
+
+
+def command(sb: Sandbox, config_fd: int) -> list[str]:
+    """The words after ``--``: corral's init, its config descriptor, then the payload."""
+    return [sb.init_python, "-I", "-S", "-B", INIT_PATH, str(config_fd), *sb.argv]
+
+
+def render(ops: Iterable[Op], fds: FdTable) -> list[str]:
+    """Flatten ``ops`` into bwrap's argument words."""
+    return [word for op in ops for word in op.args(fds)]
+
+
+def render_lines(ops: Sequence[Op], fds: FdTable) -> list[str]:
+    """One shell-quoted line per operation, for ``--dry-run``."""
+    return [shlex.join(op.args(fds)) for op in ops]

@@ -1,0 +1,176 @@
+"""The ``corral`` command: a thin layer over :mod:`corral.api`.
+
+Exit status is decided here and only here: the command's own status; 124 on
+timeout; 125 when the sandbox could not be set up (any
+:class:`~corral.errors.CorralError`, bad flags included), with one line on
+stderr: ``corral: error: WHAT; WHY; HOW TO FIX``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, NoReturn
+
+from .errors import CorralError, UsageError
+
+SETUP_FAILED = 125
+USAGE = """corral run [options] -- CMD [ARG...]
+       corral doctor [--json]"""
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, "", f"see '{self.prog} --help'")
+
+
+def _run_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="run one command in a fresh sandbox",
+                       usage="corral run [options] -- CMD [ARG...]",
+                       description="Run CMD with /work (a fresh per-run directory) as the only "
+                       "writable path, no network, a clean environment and limits.")
+    p.add_argument("--profile", metavar="NAME|FILE",
+                   help="python, node, shell, or a TOML file (default: from CMD's name)")
+    p.add_argument("--workspace", metavar="DIR", help="use DIR as /work instead of a fresh one")
+    p.add_argument("--input", metavar="PATH", action="append", default=[],
+                   help="copy PATH into /work first (repeatable)")
+    p.add_argument("--timeout", metavar="SECONDS", help="wall-clock limit (e.g. 30, 5m)")
+    p.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
+                   help="set a variable inside; NAME alone copies it from here (repeatable)")
+    p.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
+    p.add_argument("--ro", metavar="PATH", action="append", default=[],
+                   help="make a host path visible read-only at the same path (repeatable)")
+    p.add_argument("--user", metavar="USER", help="started by root: run as USER (NAME, UID[:GID])")
+    p.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
+    p.add_argument("--allow", metavar="RELAXATION", action="append", default=[],
+                   help="weaken one protection on purpose: " + ", ".join(_relaxations()))
+    p.add_argument("--json", action="store_true", help="capture output; print one JSON result")
+    p.add_argument("--dry-run", action="store_true", help="print the bwrap invocation and stop")
+
+
+def _relaxations() -> tuple[str, ...]:
+    from .policy import Allow
+
+    return Allow.names()
+
+
+def _parser() -> Parser:
+    parser = Parser(prog="corral", usage=USAGE,
+                    description="Sandbox AI coding agents and the scripts they write.")
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    _run_parser(sub)
+    d = sub.add_parser("doctor", help="what this host supports and which protections hold")
+    d.add_argument("--json", action="store_true")
+    return parser
+
+
+def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Options before ``--``, the command after it."""
+    if "--" in argv:
+        i = list(argv).index("--")
+        return list(argv[:i]), list(argv[i + 1:])
+    return list(argv), []
+
+
+def _profile_for(cmd: Sequence[str]) -> str:
+    name = os.path.basename(cmd[0]) if cmd else ""
+    if name.startswith(("python", "pip", "pypy")):
+        return "python"
+    if name in ("node", "nodejs", "npm", "npx"):
+        return "node"
+    return "shell"
+
+
+def _env(items: Sequence[str]) -> list[tuple[str, str]]:
+    from .policy import check_env_name
+
+    env = []
+    for item in items:
+        name, eq, value = item.partition("=")
+        check_env_name(name)
+        if not eq:
+            if name not in os.environ:
+                raise UsageError(f"--env {name}: {name} is not set here",
+                                 "NAME alone copies the variable from corral's environment",
+                                 f"set it, or write --env {name}=VALUE")
+            value = os.environ[name]
+        env.append((name, value))
+    return env
+
+
+def _policy(args: argparse.Namespace, cmd: Sequence[str]) -> Any:
+    from .policy import Allow, parse_duration
+    from .profiles import load_profile
+
+    policy = load_profile(args.profile or _profile_for(cmd))
+    limits = policy.limits
+    if args.timeout is not None:
+        limits = replace(limits, timeout_s=parse_duration(args.timeout, "--timeout"))
+    unknown = [a for a in args.allow if a not in Allow.names()]
+    if unknown:
+        raise UsageError(f"--allow {unknown[0]} is not a relaxation corral knows",
+                         f"known: {', '.join(Allow.names())}", "fix the name")
+    allow = replace(policy.allow, **{a.replace("-", "_"): True for a in args.allow})
+    return replace(policy, limits=limits, allow=allow, venv=args.venv or policy.venv,
+                   user=args.user, read_only=policy.read_only + tuple(
+                       os.path.abspath(p) for p in args.ro))
+
+
+def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
+    from . import api
+    from .host import detect
+    from .launch import dry_run_lines
+
+    if not cmd:
+        raise UsageError("no command given", "corral runs the command after --",
+                         "write it like: corral run -- python3 script.py")
+    policy = _policy(args, cmd)
+    env = _env(args.env)
+    if args.dry_run:
+        sb = api.plan(cmd, policy, workspace_dir=args.workspace, inputs=args.input, env=env,
+                      runs_dir=args.runs_dir)
+        print("\n".join(dry_run_lines(sb, detect().require_bwrap())))
+        return 0
+    result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
+                     capture=args.json, env=env, runs_dir=args.runs_dir)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    elif result.status == "timeout":
+        print(f"corral: timed out after {policy.limits.timeout_s:g}s; killed the sandbox",
+              file=sys.stderr)
+    return result.exit_code
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .doctor import render_text, report
+
+    data = report()
+    print(json.dumps(data, indent=2) if args.json else render_text(data))
+    return 0 if data["ready"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    options, cmd = _split(argv)
+    json_mode = "--json" in options
+    try:
+        args = _parser().parse_args(options)
+        if args.verb == "run":
+            code = cmd_run(args, cmd)
+        else:
+            if cmd:
+                raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
+            code = cmd_doctor(args)
+    except CorralError as e:
+        print(f"corral: error: {e}", file=sys.stderr)
+        if json_mode:
+            print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e)}))
+        code = SETUP_FAILED
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.exit(code)

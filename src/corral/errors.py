@@ -1,0 +1,40 @@
+"""The exceptions corral raises, in one small tree.
+
+    CorralError            anything corral refuses or fails to do; nothing ran
+     ├── UsageError        bad input: a flag, an argument, a path, a size
+     │    └── ProfileError a profile that is malformed or has unknown keys
+     ├── HostError         this host cannot enforce a protection the policy asks for
+     └── LaunchError       the sandbox could not be set up at launch
+
+Every message has one shape, ``WHAT; WHY; HOW TO FIX``, on one line, so the
+CLI can print ``corral: error: <message>`` and exit 125.  The library never
+prints or exits; the CLI maps this whole tree to exit status 125 in one place.
+"""
+
+from __future__ import annotations
+
+__all__ = ["CorralError", "HostError", "LaunchError", "ProfileError", "UsageError"]
+
+
+class CorralError(Exception):
+    """Base class: corral could not do what was asked, and started nothing."""
+
+    def __init__(self, what: str, why: str = "", fix: str = "") -> None:
+        parts = [p.strip().replace("\n", " ") for p in (what, why, fix) if p.strip()]
+        super().__init__("; ".join(parts))
+
+
+class UsageError(CorralError):
+    """The caller gave corral something it cannot use."""
+
+
+class ProfileError(UsageError):
+    """A profile (TOML) is malformed, has unknown keys, or names a missing profile."""
+
+
+class HostError(CorralError):
+    """This host lacks what a requested protection needs, and no relaxation was named."""
+
+
+class LaunchError(CorralError):
+    """bwrap or corral's in-sandbox init failed before the command started."""

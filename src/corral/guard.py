@@ -1,0 +1,81 @@
+"""Guard: which directories may become writable inside a sandbox.
+
+A writable bind of the wrong directory is the seed's escape: launched from
+``~``, ``--bind "$PWD"`` made ``~/.bashrc`` writable.  Every directory that
+corral makes writable (a reused workspace, an agent's project) passes
+:func:`check_writable_root` first, after symlinks are resolved, so that a
+symlinked path cannot widen anything.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import UsageError
+from .host import HostFacts
+from .policy import check_path
+
+__all__ = ["CREDENTIAL_DIRS", "check_workspace", "check_writable_root", "userns_hint"]
+
+# Never writable themselves, nor anything beneath them.
+SYSTEM_TREES = ("/usr", "/etc", "/boot", "/proc", "/sys", "/dev", "/run", "/bin", "/sbin",
+                "/lib", "/lib32", "/lib64", "/libx32", "/var/run", "/var/lib/dpkg")
+# Never writable themselves (their subdirectories may be projects).
+SYSTEM_DIRS = ("/", "/var", "/var/lib", "/var/tmp", "/var/cache", "/var/log", "/tmp", "/opt",
+               "/srv", "/home", "/root", "/mnt", "/media", "/snap", "/nix", "/dev/shm")
+# A directory holding any of these is someone's home (or a copy of one).
+CREDENTIAL_DIRS = (".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure", ".password-store",
+                   ".config/gcloud", ".config/gh", ".local/share/keyrings", ".netrc",
+                   ".git-credentials", ".pgpass", ".vault-token")
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_writable_root(path: str, what: str, home: str | None = None) -> str:
+    """Resolve ``path`` and refuse it if making it writable would expose too much.
+
+    Refused: ``/``, the home directory and its ancestors, system directories,
+    and any directory that holds credential directories such as ``.ssh``.
+    Returns the resolved path.
+    """
+    check_path(os.path.abspath(path), what)
+    real = os.path.realpath(path)
+    if not os.path.isdir(real):
+        raise UsageError(f"{what} {path} is not a directory", "",
+                         "create it first, or pick an existing directory")
+    home = os.path.realpath(home or os.path.expanduser("~"))
+    shown = path if real == path else f"{path} (really {real})"
+    if real == home or _under(home, real):
+        raise UsageError(
+            f"refusing to make {shown} writable: it is the home directory or contains it",
+            "the sandbox could then rewrite shell start-up files such as ~/.bashrc",
+            "run from a project directory such as ~/src/myproject",
+        )
+    if real in SYSTEM_DIRS or any(_under(real, t) for t in SYSTEM_TREES):
+        raise UsageError(f"refusing to make {shown} writable: it is a system directory",
+                         "the sandbox must never write there",
+                         "run from a project directory such as ~/src/myproject")
+    found = [c for c in CREDENTIAL_DIRS if os.path.lexists(os.path.join(real, c))]
+    if found:
+        raise UsageError(
+            f"refusing to make {shown} writable: it holds credentials ({', '.join(found)})",
+            "a directory with credential folders looks like a home directory",
+            "run from a project directory that holds no credentials",
+        )
+    return real
+
+
+def check_workspace(path: str) -> str:
+    return check_writable_root(path, "workspace")
+
+
+def userns_hint(host: HostFacts) -> str:
+    """Why bwrap may fail to create namespaces here, for error messages."""
+    if host.apparmor_restricts_userns:
+        return (" (AppArmor restricts unprivileged user namespaces: "
+                "kernel.apparmor_restrict_unprivileged_userns=1)")
+    if host.userns_max == 0:
+        return " (user.max_user_namespaces is 0)"
+    return ""

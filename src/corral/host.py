@@ -1,0 +1,184 @@
+"""Host facts: what this machine's kernel and bwrap can do, probed once per process.
+
+Only this module and :mod:`corral.launch` look at the machine.  Everything
+else takes a :class:`HostFacts` and stays pure.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass
+
+from .errors import HostError
+
+__all__ = ["Cgroups", "HostFacts", "detect"]
+
+BWRAP_MIN_DISABLE_USERNS = (0, 8, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Cgroups:
+    """Where cgroup controllers live.  v1 maps controller -> mount; v2 lists controllers."""
+
+    v1: tuple[tuple[str, str], ...]  # (controller, mount point)
+    v2_mount: str | None
+    v2_controllers: tuple[str, ...]  # enabled in our own v2 cgroup's parent subtree
+
+    @property
+    def layout(self) -> str:
+        if self.v1 and self.v2_mount:
+            return "hybrid"
+        if self.v1:
+            return "v1"
+        return "v2" if self.v2_mount else "none"
+
+    def v1_mount(self, controller: str) -> str | None:
+        return dict(self.v1).get(controller)
+
+
+@dataclass(frozen=True, slots=True)
+class HostFacts:
+    """A snapshot of the host, taken by :func:`detect`."""
+
+    bwrap: str | None
+    bwrap_version: tuple[int, int, int] | None
+    bwrap_setuid: bool
+    euid: int
+    userns_max: int
+    apparmor_restricts_userns: bool
+    cgroups: Cgroups
+    landlock_abi: int  # 0 when the kernel has no Landlock
+    libseccomp: str | None  # version, None when libseccomp.so.2 cannot be loaded
+    python: str  # the interpreter corral runs on (real path), used for the in-sandbox init
+    python_prefix: str  # its installation prefix
+
+    @property
+    def is_root(self) -> bool:
+        return self.euid == 0
+
+    @property
+    def can_disable_userns(self) -> bool:
+        """bwrap --disable-userns needs bwrap 0.8 and a non-setuid install."""
+        return (not self.bwrap_setuid and self.bwrap_version is not None
+                and self.bwrap_version >= BWRAP_MIN_DISABLE_USERNS)
+
+    def require_bwrap(self) -> str:
+        if self.bwrap is None:
+            raise HostError(
+                "bwrap was not found on PATH",
+                "corral runs every sandbox with bubblewrap",
+                "install it: sudo apt-get install bubblewrap (Debian, Ubuntu), "
+                "sudo dnf install bubblewrap (Fedora)",
+            )
+        return self.bwrap
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _bwrap_version(path: str) -> tuple[int, int, int] | None:
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
+                             env={"PATH": "/usr/bin:/bin"}, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", out)
+    if match is None:
+        return None
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+
+
+def _cgroups() -> Cgroups:
+    v1: list[tuple[str, str]] = []
+    v2_mount: str | None = None
+    for line in (_read("/proc/self/mounts") or "").splitlines():
+        parts = line.split()
+        if len(parts) < 4:
+            continue
+        mount_point, fstype, options = parts[1], parts[2], parts[3].split(",")
+        if fstype == "cgroup2" and v2_mount is None:
+            v2_mount = mount_point
+        elif fstype == "cgroup":
+            v1.extend((opt, mount_point) for opt in options
+                      if opt in ("memory", "pids", "cpu", "cpuacct", "freezer"))
+    controllers: tuple[str, ...] = ()
+    if v2_mount is not None:
+        controllers = tuple((_read(os.path.join(v2_mount, "cgroup.controllers")) or "").split())
+    return Cgroups(tuple(v1), v2_mount, controllers)
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version, 0 when Landlock is absent or disabled."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    landlock_create_ruleset = 444  # same number on every architecture
+    create_ruleset_version = 1
+    abi = libc.syscall(landlock_create_ruleset, None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(create_ruleset_version))
+    return max(int(abi), 0)
+
+
+def libseccomp_version() -> str | None:
+    import ctypes
+
+    class Version(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
+
+    try:
+        lib = ctypes.CDLL("libseccomp.so.2")
+    except OSError:
+        return None
+    lib.seccomp_version.restype = ctypes.POINTER(Version)
+    v = lib.seccomp_version().contents
+    return f"{v.major}.{v.minor}.{v.micro}"
+
+
+def _python() -> tuple[str, str]:
+    import sys
+
+    prefix = os.path.realpath(sys.base_prefix)
+    exe = os.path.realpath(sys.executable)
+    if not exe.startswith(prefix + "/"):
+        # A virtualenv made with --copies: use the base installation's own binary.
+        name = f"python{sys.version_info.major}.{sys.version_info.minor}"
+        exe = os.path.realpath(os.path.join(prefix, "bin", name))
+    return exe, prefix
+
+
+@functools.cache
+def detect() -> HostFacts:
+    """Probe the host once; later calls return the same facts."""
+    bwrap = os.environ.get("CORRAL_BWRAP") or shutil.which("bwrap")
+    bwrap = os.path.realpath(bwrap) if bwrap else None
+    setuid = False
+    if bwrap is not None:
+        try:
+            setuid = bool(os.stat(bwrap).st_mode & stat.S_ISUID)
+        except OSError:
+            bwrap = None
+    python, prefix = _python()
+    return HostFacts(
+        bwrap=bwrap,
+        bwrap_version=_bwrap_version(bwrap) if bwrap else None,
+        bwrap_setuid=setuid,
+        euid=os.geteuid(),
+        userns_max=int(_read("/proc/sys/user/max_user_namespaces") or 0),
+        apparmor_restricts_userns=_read(
+            "/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1",
+        cgroups=_cgroups(),
+        landlock_abi=landlock_abi(),
+        libseccomp=libseccomp_version(),
+        python=python,
+        python_prefix=prefix,
+    )

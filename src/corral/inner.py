@@ -1,0 +1,239 @@
+"""corral's init: the first program bwrap starts inside every sandbox.
+
+It runs as ``python3 -I -S -B /.corral/init.py CONFIG_FD ARGV...`` and uses
+only the standard library, because it is handed into the sandbox as a
+single file (``--ro-bind-data``): the payload must not depend on reading
+corral's checkout or virtualenv.  In order, it:
+
+ 1. reads its JSON config from CONFIG_FD (never from argv: other host users
+    can read a process's command line);
+ 2. started by root, drops the capability bounding set, then to the payload's
+    uid and gid (bwrap ran as root so that it could mount what root can read);
+ 3. forks; the child sets rlimits, applies Landlock, moves the real stderr in
+    place, closes every other descriptor and execs the payload;
+ 4. the parent reports "started" once the exec has succeeded, waits, reports
+    how the payload ended on the status descriptor, and exits the same way.
+
+A setup failure is reported as an ``error`` event and exit status 125, so
+the launcher can tell it from the payload's own failures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+from typing import Any
+
+SETUP_FAILED = 125
+
+# Landlock (include/uapi/linux/landlock.h)
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+FS_WRITE_FILE = 1 << 1
+FS_REMOVE_DIR = 1 << 4
+FS_REMOVE_FILE = 1 << 5
+FS_MAKE_ALL = sum(1 << bit for bit in range(6, 13))  # char, dir, reg, sock, fifo, block, sym
+FS_REFER = 1 << 13  # ABI 2
+FS_TRUNCATE = 1 << 14  # ABI 3
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1  # ABI 6
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+
+RLIMITS = {"nofile": resource.RLIMIT_NOFILE, "fsize": resource.RLIMIT_FSIZE,
+           "core": resource.RLIMIT_CORE, "cpu": resource.RLIMIT_CPU,
+           "nproc": resource.RLIMIT_NPROC, "as": resource.RLIMIT_AS}
+
+
+class SetupError(Exception):
+    """Something the policy requires could not be done; the payload must not start."""
+
+
+class RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def landlock_abi() -> int:
+    abi = _libc().syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                          ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    return max(int(abi), 0)
+
+
+def write_access(abi: int) -> int:
+    """Every write-type filesystem right this ABI knows."""
+    access = FS_WRITE_FILE | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_ALL
+    if abi >= 2:
+        access |= FS_REFER
+    if abi >= 3:
+        access |= FS_TRUNCATE
+    return access
+
+
+def apply_landlock(cfg: dict[str, Any]) -> int:
+    """Allow writes only beneath ``cfg["writable"]``; returns the ABI used (0: skipped)."""
+    abi = landlock_abi()
+    need = int(cfg.get("min_abi", 1))
+    if abi < need:
+        if cfg.get("best_effort"):
+            return 0
+        raise SetupError(f"Landlock ABI {need} is required but the kernel offers {abi}")
+    libc = _libc()
+    handled = write_access(abi)
+    attr = RulesetAttr(handled, 0, 0)
+    size = 8 if abi < 4 else 16 if abi < 6 else 24
+    if abi >= 6 and cfg.get("scope", True):
+        attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+    ruleset = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise SetupError(f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}")
+    try:
+        for path, rights in cfg["rules"]:
+            _add_rule(libc, ruleset, path, int(rights) & handled)
+        if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) != 0:
+            raise SetupError(f"landlock_restrict_self: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(ruleset)
+    return abi
+
+
+def _add_rule(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> None:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return  # nothing there, nothing to allow
+    try:
+        if not os.path.isdir(f"/proc/self/fd/{fd}"):
+            # Directory-only rights on a file are EINVAL; keep the file rights.
+            rights &= FS_WRITE_FILE | FS_TRUNCATE
+        rule = PathBeneathAttr(rights, fd)
+        if libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, LANDLOCK_RULE_PATH_BENEATH,
+                        ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+            raise SetupError(f"landlock_add_rule {path}: {os.strerror(ctypes.get_errno())}")
+    finally:
+        os.close(fd)
+
+
+def drop_to(uid: int, gid: int) -> None:
+    """Started by root without a user namespace: become uid/gid with no capabilities."""
+    libc = _libc()
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last_cap = int(f.read())
+    for cap in range(last_cap + 1):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise SetupError(f"could not drop capability {cap} from the bounding set")
+    os.setgroups([])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+        raise SetupError(f"could not become uid {uid}, gid {gid}")
+    with open("/proc/self/status") as f:
+        eff = next(line for line in f if line.startswith("CapEff:")).split()[1]
+    if int(eff, 16) != 0:
+        raise SetupError("capabilities survived the drop to an unprivileged uid")
+
+
+def set_rlimits(limits: dict[str, list[int]]) -> None:
+    for name, (soft, hard) in limits.items():
+        resource.setrlimit(RLIMITS[name], (soft, hard))
+
+
+def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
+    """In the forked child: confine, then exec.  Never returns."""
+    try:
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+        os.umask(0o022)
+        os.chdir(cfg.get("cwd", "/"))
+        set_rlimits(cfg.get("rlimits", {}))
+        if cfg.get("landlock") is not None:
+            apply_landlock(cfg["landlock"])
+        stderr_fd = cfg.get("stderr_fd")
+        if stderr_fd is not None:
+            os.dup2(stderr_fd, 2)
+        os.closerange(3, report_w)
+        os.closerange(report_w + 1, 1 << 20)
+        os.execve(argv[0], argv, dict(os.environ))
+    except SetupError as e:
+        message = str(e)
+    except OSError as e:
+        message = f"cannot execute {argv[0]}: {e.strerror}"
+    except BaseException as e:
+        message = f"{type(e).__name__}: {e}"
+    os.write(report_w, message.encode(errors="replace")[:4000])
+    os._exit(SETUP_FAILED)
+
+
+class Reporter:
+    """JSON lines to the launcher's status descriptor."""
+
+    def __init__(self, fd: int | None) -> None:
+        self.fd = fd
+
+    def send(self, **event: Any) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.write(self.fd, (json.dumps(event) + "\n").encode())
+        except OSError:
+            self.fd = None  # the launcher is gone; bwrap's --die-with-parent ends us
+
+
+def run(config_fd: int, argv: list[str]) -> int:
+    with os.fdopen(config_fd, "rb") as f:
+        cfg = json.loads(f.read())
+    report = Reporter(cfg.get("status_fd"))
+    try:
+        if cfg.get("uid") is not None and os.getuid() == 0:
+            drop_to(int(cfg["uid"]), int(cfg["gid"]))
+        _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the payload may not read our fds
+        report_r, report_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+    except (SetupError, OSError) as e:
+        report.send(event="error", message=str(e))
+        return SETUP_FAILED
+    if pid == 0:
+        os.close(report_r)
+        exec_payload(cfg, argv, report_w)
+    os.close(report_w)
+    failure = os.read(report_r, 4096)
+    os.close(report_r)
+    if failure:
+        os.waitpid(pid, 0)
+        report.send(event="error", message=failure.decode(errors="replace"))
+        return SETUP_FAILED
+    report.send(event="started", pid=pid)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+        report.send(event="signaled", signal=os.WTERMSIG(status))
+        return 128 + os.WTERMSIG(status)
+    report.send(event="exited", code=os.WEXITSTATUS(status))
+    return os.WEXITSTATUS(status)
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        sys.stderr.write("corral init: usage: init.py CONFIG_FD ARGV...\n")
+        sys.exit(SETUP_FAILED)
+    sys.exit(run(int(sys.argv[1]), sys.argv[2:]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""Launch: start bwrap, supervise the run, kill it whole, reap everything.
+
+One :class:`Launch` owns every process and descriptor of one run.  bwrap
+gets its arguments through ``--args`` (no E2BIG, and nothing secret in the
+host's process list), a minimal environment, and exactly the descriptors it
+needs.  The sandbox's PID 1, reported by ``--json-status-fd``, is what a
+timeout kills: killing it ends the whole PID namespace (DESIGN fact 4),
+where killing bwrap alone would not.
+
+Descriptors handed over:
+
+* ``--args``, generated files, seccomp: memfds, read by bwrap during setup;
+* the init's config (memfd) and status pipe, read and written by corral's init;
+* bwrap's own stderr goes to a pipe, so a setup failure becomes one clear
+  line; the payload's real stderr is passed separately and moved to fd 2
+  by the init.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import bwrap
+from .bwrap import Data, PathHandle, Sandbox
+from .errors import HostError, LaunchError
+
+__all__ = ["Launch", "Outcome", "launch"]
+
+PIPE_CHUNK = 1 << 16
+ERROR_CAP = 1 << 16
+KILL_GRACE_S = 30.0  # after SIGKILL, how long to wait for bwrap to go before giving up
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What happened to one run, before the workspace is looked at."""
+
+    status: str  # exited, signaled, timeout, output-limit, error
+    exit_code: int
+    signal: int | None = None
+    wall_s: float = 0.0
+    stdout: bytes | None = None
+    stderr: bytes | None = None
+    truncated: bool = False
+    sandbox_pid: int | None = None  # host pid of the sandbox's PID 1
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Handles:
+    """The descriptors bwrap reads: generated data as memfds, paths as O_PATH handles."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[object, int] = {}
+
+    def fd(self, item: Data | PathHandle) -> int:
+        if item not in self._by_key:
+            self._by_key[item] = self._open(item)
+        return self._by_key[item]
+
+    @staticmethod
+    def _open(item: Data | PathHandle) -> int:
+        if isinstance(item, PathHandle):
+            flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                return os.open(item.path, flags)
+            except OSError as e:
+                raise LaunchError(f"cannot open {item.path} for binding", e.strerror or "",
+                                  "check that it is a directory and not a symlink") from None
+        return memfd(item.name, item.content)
+
+    def all(self) -> list[int]:
+        return list(self._by_key.values())
+
+    def close(self) -> None:
+        for fd in self._by_key.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._by_key.clear()
+
+
+def memfd(name: str, content: bytes) -> int:
+    fd = os.memfd_create("corral-" + name.strip("/").replace("/", "-"), os.MFD_CLOEXEC)
+    view = memoryview(content)
+    while view:
+        view = view[os.write(fd, view):]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _translate(stderr: str, host_hint: str) -> LaunchError | HostError:
+    """bwrap's raw setup error, as one line that names the cause and the fix."""
+    text = " ".join(line.removeprefix("bwrap: ") for line in stderr.strip().splitlines()) \
+        or "bwrap exited before the sandbox started"
+    userns = ("setting up uid map", "RTM_NEWADDR", "No permissions to create",
+              "Creating new namespace failed", "Operation not permitted")
+    if any(s in text for s in userns):
+        return HostError(f"bwrap could not create the sandbox's namespaces ({text})",
+                         "unprivileged user namespaces are disabled or restricted here"
+                         + host_hint,
+                         "run 'corral doctor' for this host's cause and fix")
+    if "make / slave" in text:
+        return HostError(f"bwrap could not set up mounts ({text})",
+                         "this looks like a container without mount rights",
+                         "run corral on the host, or give the container user namespaces")
+    if "Race condition binding dirfd" in text:
+        return LaunchError("a directory to bind was replaced while the sandbox started",
+                           "something is changing the workspace concurrently",
+                           "stop the other process and run again")
+    return LaunchError(f"bwrap failed to set up the sandbox: {text}", "", "")
+
+
+class Launch:
+    """Owns one run: spawn with :meth:`start`, then :meth:`supervise`; always :meth:`close`."""
+
+    def __init__(self, sb: Sandbox, *, capture: bool, stdin: bytes | None, output_cap: int,
+                 timeout_s: float | None, bwrap_path: str, host_hint: str = "",
+                 extra_fds: Sequence[int] = (),
+                 on_started: Callable[[int], None] | None = None) -> None:
+        self.sb = sb
+        self.capture = capture
+        self.stdin_data = stdin
+        self.output_cap = output_cap
+        self.timeout_s = timeout_s
+        self.bwrap_path = bwrap_path
+        self.host_hint = host_hint
+        self.extra_fds = list(extra_fds)
+        self.on_started = on_started
+        self.handles = Handles()
+        self.fds: list[int] = []  # our own ends, closed by close()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pid1_fd: int | None = None
+        self.outcome = Outcome(status="error", exit_code=125)
+
+    # -- setup ---------------------------------------------------------------
+
+    def _pipe(self) -> tuple[int, int]:
+        r, w = os.pipe2(os.O_CLOEXEC)
+        self.fds += [r, w]
+        return r, w
+
+    def argv(self, status_w: int, json_w: int, stderr_fd: int) -> tuple[list[str], list[int]]:
+        """bwrap's argv and the descriptors it must inherit."""
+        config = dict(self.sb.init_config, status_fd=status_w, stderr_fd=stderr_fd,
+                      cwd=self.sb.chdir)
+        config_fd = self.handles.fd(Data("init-config", json.dumps(config).encode()))
+        ops = bwrap.build_ops(self.sb, status_fd=json_w)
+        words = bwrap.render(ops, self.handles)
+        args_fd = memfd("args", b"".join(w.encode() + b"\0" for w in words))
+        self.fds.append(args_fd)
+        argv = [self.bwrap_path, "--args", str(args_fd), "--", *bwrap.command(self.sb, config_fd)]
+        keep = [args_fd, status_w, json_w, stderr_fd, *self.handles.all(), *self.extra_fds]
+        return argv, keep
+
+    def start(self) -> None:
+        self.status_r, status_w = self._pipe()
+        self.json_r, json_w = self._pipe()
+        self.err_r, err_w = self._pipe()
+        if self.capture:
+            self.out_r, out_w = self._pipe()
+            self.cerr_r, cerr_w = self._pipe()
+            stdout: int | None = out_w
+            stderr_fd = cerr_w
+        else:
+            # A copy: in bwrap, fd 2 itself becomes the pipe for bwrap's own errors.
+            stdout, stderr_fd = None, os.dup(2)
+            self.fds.append(stderr_fd)
+        stdin: int | None = subprocess.DEVNULL if self.capture else None
+        if self.stdin_data is not None:
+            self.in_r, self.in_w = self._pipe()
+            stdin = self.in_r
+            os.set_blocking(self.in_w, False)
+        argv, keep = self.argv(status_w, json_w, stderr_fd)
+        self.started_at = time.monotonic()
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=stdin, stdout=stdout, stderr=err_w, pass_fds=keep, close_fds=True,
+                env={}, cwd="/", restore_signals=True)
+        except OSError as e:
+            raise LaunchError(f"cannot start {self.bwrap_path}", e.strerror or str(e),
+                              "check the bwrap installation") from None
+        finally:
+            self.handles.close()
+            for fd in (status_w, json_w, err_w, *([out_w, cerr_w] if self.capture else [])):
+                self._close(fd)
+            if not self.capture:
+                self._close(stderr_fd)
+            if self.stdin_data is not None:
+                self._close(self.in_r)
+
+    def _close(self, fd: int) -> None:
+        if fd in self.fds:
+            self.fds.remove(fd)
+            os.close(fd)
+
+    # -- supervision ---------------------------------------------------------
+
+    def supervise(self) -> Outcome:
+        """Wait for the run to end (or end it), reading every pipe with caps."""
+        assert self.proc is not None
+        o = self.outcome
+        bufs: dict[int, bytearray] = {}
+        sel = selectors.DefaultSelector()
+        readers = [self.status_r, self.json_r, self.err_r]
+        if self.capture:
+            readers += [self.out_r, self.cerr_r]
+        for fd in readers:
+            bufs[fd] = bytearray()
+            sel.register(fd, selectors.EVENT_READ)
+        if self.stdin_data is not None:
+            self._stdin_view = memoryview(self.stdin_data)
+            sel.register(self.in_w, selectors.EVENT_WRITE)
+        proc_fd = os.pidfd_open(self.proc.pid)
+        self.fds.append(proc_fd)
+        sel.register(proc_fd, selectors.EVENT_READ)
+        deadline = None if self.timeout_s is None else self.started_at + self.timeout_s
+        exited = False
+        try:
+            while len(sel.get_map()) > 0:
+                if exited and all(fd not in sel.get_map() for fd in readers):
+                    break
+                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                events = sel.select(wait)
+                if not events and deadline is not None and time.monotonic() >= deadline:
+                    if o.status not in ("timeout", "output-limit"):
+                        o.status = "timeout"
+                        self.kill()
+                    deadline = time.monotonic() + KILL_GRACE_S
+                    if exited:
+                        break
+                    continue
+                for key, _ in events:
+                    fd = int(key.fd)
+                    if fd == proc_fd:
+                        sel.unregister(fd)
+                        exited = True
+                        # Writers are all gone once bwrap is; drain, but do not wait forever.
+                        deadline = time.monotonic() + KILL_GRACE_S
+                    elif self.stdin_data is not None and fd == self.in_w:
+                        self._feed(sel)
+                    else:
+                        self._read(sel, fd, bufs)
+        finally:
+            sel.close()
+        self.proc.wait()
+        o.wall_s = time.monotonic() - self.started_at
+        if self.capture:
+            o.stdout, o.stderr = bytes(bufs[self.out_r]), bytes(bufs[self.cerr_r])
+        self._finish(bytes(bufs[self.err_r]))
+        return o
+
+    def _feed(self, sel: selectors.BaseSelector) -> None:
+        try:
+            n = os.write(self.in_w, self._stdin_view[:PIPE_CHUNK])
+            self._stdin_view = self._stdin_view[n:]
+        except BlockingIOError:
+            return
+        except OSError:
+            self._stdin_view = memoryview(b"")
+        if not self._stdin_view:
+            sel.unregister(self.in_w)
+            self._close(self.in_w)
+
+    def _read(self, sel: selectors.BaseSelector, fd: int, bufs: dict[int, bytearray]) -> None:
+        try:
+            chunk = os.read(fd, PIPE_CHUNK)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            sel.unregister(fd)
+            return
+        buf = bufs[fd]
+        if fd in (self.status_r, self.json_r):
+            buf += chunk
+            self._events(fd, buf)
+            return
+        cap = self.output_cap if fd != self.err_r else ERROR_CAP
+        room = cap - len(buf)
+        buf += chunk[:max(room, 0)]
+        if len(chunk) > room and fd != self.err_r:
+            self.outcome.truncated = True
+            if self.outcome.status != "output-limit":
+                self.outcome.status = "output-limit"
+                self.kill()
+
+    def _events(self, fd: int, buf: bytearray) -> None:
+        while b"\n" in buf:
+            line, _, rest = bytes(buf).partition(b"\n")
+            buf[:] = rest
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            if fd == self.json_r and "child-pid" in event:
+                self._adopt_pid1(int(event["child-pid"]))
+            elif fd == self.status_r:
+                self.outcome.events.append(event)
+
+    def _adopt_pid1(self, pid: int) -> None:
+        """Hold a pidfd on the sandbox's PID 1; check it is bwrap's child, not a reused pid."""
+        assert self.proc is not None
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                ppid = int(f.read().rpartition(b")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            ppid = -1
+        if ppid != self.proc.pid:
+            os.close(fd)
+            return
+        self.pid1_fd = fd
+        self.fds.append(fd)
+        self.outcome.sandbox_pid = pid
+        if self.on_started is not None:
+            self.on_started(pid)
+
+    def kill(self) -> None:
+        """SIGKILL the sandbox's PID 1, which ends its whole PID namespace; then bwrap."""
+        if self.pid1_fd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pid1_fd, signal.SIGKILL)
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.kill()
+
+    def _finish(self, err: bytes) -> None:
+        o = self.outcome
+        assert self.proc is not None
+        started = any(e.get("event") == "started" for e in o.events)
+        failure = next((e for e in o.events if e.get("event") == "error"), None)
+        if o.status in ("timeout", "output-limit"):
+            o.exit_code = 124 if o.status == "timeout" else 128 + signal.SIGKILL
+            return
+        if failure is not None:
+            raise LaunchError(f"corral's init could not start the command: {failure['message']}",
+                              "", "")
+        if not started:
+            raise _translate(err.decode(errors="replace"), self.host_hint)
+        end = next((e for e in reversed(o.events) if e.get("event") in ("exited", "signaled")),
+                   None)
+        if end is None:  # the init itself was killed: fall back on bwrap's status
+            code = self.proc.returncode
+            o.status, o.exit_code = "signaled", code if code >= 0 else 128 - code
+            o.signal = o.exit_code - 128 if o.exit_code > 128 else None
+        elif end["event"] == "signaled":
+            o.status, o.signal, o.exit_code = "signaled", int(end["signal"]), 128 + int(
+                end["signal"])
+        else:
+            o.status, o.exit_code = "exited", int(end["code"])
+
+    def close(self) -> None:
+        """Kill whatever is left, reap bwrap, close every descriptor."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(KILL_GRACE_S)
+        self.handles.close()
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
+
+
+@contextlib.contextmanager
+def launched(sb: Sandbox, **kwargs: Any) -> Iterator[Launch]:
+    run = Launch(sb, **kwargs)
+    try:
+        run.start()
+        yield run
+    finally:
+        run.close()
+
+
+def launch(sb: Sandbox, **kwargs: Any) -> Outcome:
+    """Run ``sb`` to completion; see :class:`Launch` for the keyword arguments."""
+    with launched(sb, **kwargs) as run:
+        return run.supervise()
+
+
+class Numbering:
+    """An FdTable for --dry-run: numbers descriptors in order and opens nothing."""
+
+    def __init__(self, first: int = 3) -> None:
+        self.items: dict[Data | PathHandle, int] = {}
+        self.first = first
+
+    def fd(self, item: Data | PathHandle) -> int:
+        return self.items.setdefault(item, self.first + len(self.items))
+
+
+def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
+    """The bwrap invocation :func:`launch` would make, one operation per line.
+
+    Descriptor numbers are placeholders: real ones are assigned at launch.
+    """
+    fds = Numbering()
+    config_fd = fds.fd(Data("init-config", b""))
+    ops = bwrap.build_ops(sb, status_fd=None)
+    lines = [f"{bwrap_path} --args FD -- COMMAND  # FD holds these, NUL-separated:"]
+    lines += ["  " + line for line in bwrap.render_lines(ops, fds)]
+    lines.append("COMMAND: " + shlex.join(bwrap.command(sb, config_fd)))
+    for item, fd in fds.items.items():
+        what = item.path if isinstance(item, PathHandle) else item.name
+        lines.append(f"# fd {fd}: {what}")
+    lines.append("# init config: " + json.dumps(dict(sb.init_config), sort_keys=True))
+    return lines

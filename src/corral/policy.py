@@ -1,0 +1,173 @@
+"""Policy: what a sandbox may do, as frozen data validated when built.
+
+A :class:`Policy` says nothing about *how* bwrap is driven; that is the job
+of :mod:`corral.bwrap`.  Constructors do no I/O: paths are checked for shape
+here and for existence when a run is resolved.
+
+Every weakening of the defaults is a named field of :class:`Allow`, and
+nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field, fields
+
+from .errors import UsageError
+
+__all__ = ["Allow", "Limits", "Network", "Policy", "parse_duration", "parse_size"]
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\Z", re.IGNORECASE)
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\Z")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+MiB = 1 << 20
+
+
+def parse_size(text: str | int, what: str = "size") -> int:
+    """Parse ``512M``, ``1G``, ``64KiB`` or a plain byte count (binary units)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = _SIZE.match(str(text).strip())
+        if match is None:
+            raise UsageError(
+                f"{what} {text!r} is not a size",
+                "sizes are a number with an optional unit K, M, G or T (powers of 1024)",
+                "write it like 512M or 2G",
+            )
+        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise UsageError(f"{what} {text!r} must be positive", "", "give a size above zero")
+    return value
+
+
+def parse_duration(text: str | float, what: str = "duration") -> float:
+    """Parse ``30``, ``30s``, ``500ms``, ``5m`` or ``1h`` into seconds."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = _DURATION.match(str(text).strip())
+        if match is None:
+            raise UsageError(
+                f"{what} {text!r} is not a duration",
+                "durations are a number of seconds, or a number with ms, s, m or h",
+                "write it like 30, 30s or 5m",
+            )
+        value = float(match.group(1)) * _SECONDS[match.group(2)]
+    if not math.isfinite(value) or value <= 0:
+        raise UsageError(f"{what} {text!r} must be positive", "", "give a duration above zero")
+    return value
+
+
+def check_path(path: str, what: str) -> str:
+    """Reject path strings that no honest caller writes: empty, relative, NUL or newline."""
+    if not path or "\0" in path or "\n" in path or "\r" in path:
+        raise UsageError(
+            f"{what} {path!r} is not a usable path",
+            "empty paths and paths containing NUL, CR or newline are refused",
+            "rename the file or pick another path",
+        )
+    if not path.startswith("/"):
+        raise UsageError(f"{what} {path!r} is not absolute", "policies hold absolute paths",
+                         "give the full path")
+    return path
+
+
+def check_env_name(name: str) -> str:
+    if not ENV_NAME.match(name):
+        raise UsageError(
+            f"environment variable name {name!r} is not valid",
+            "names are letters, digits and underscores, not starting with a digit",
+            "fix the name",
+        )
+    return name
+
+
+def _positive(obj: object, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and (isinstance(value, bool) or not value > 0):
+            raise UsageError(f"limit {name} = {value!r} must be positive", "",
+                             "give a value above zero, or leave it unset")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-run resource limits.  ``None`` means "not requested"."""
+
+    timeout_s: float | None = 300.0  # wall clock, from launch to kill
+    cpu_s: float | None = None  # CPU time of the whole run
+    memory_bytes: int | None = None  # RAM of the whole run, tmpfs pages included
+    pids: int | None = None  # processes and threads of the whole run
+    cpus: float | None = None  # CPU bandwidth, in cores
+    disk_bytes: int | None = None  # bytes the run may add to its workspace
+    output_bytes: int = 8 * MiB  # captured stdout and stderr, each (--json and API capture)
+    nofile: int = 1024  # open files per process (RLIMIT_NOFILE)
+    fsize_bytes: int | None = 4096 * MiB  # largest file a process may write (RLIMIT_FSIZE)
+    tmp_bytes: int = 512 * MiB  # size of the private /tmp
+    shm_bytes: int = 64 * MiB  # size of the private /dev/shm
+
+    def __post_init__(self) -> None:
+        _positive(self, tuple(f.name for f in fields(self)))
+
+
+@dataclass(frozen=True, slots=True)
+class Network:
+    """Egress rules.  An empty ``allow`` means no network at all."""
+
+    allow: tuple[str, ...] = ()  # NAME or *.NAME, optionally :PORT
+    deny: tuple[str, ...] = ()  # same syntax; deny wins over allow
+    resolve: tuple[tuple[str, str], ...] = ()  # NAME -> ADDRESS pins, like curl --resolve
+
+    def __post_init__(self) -> None:
+        for rule in (*self.allow, *self.deny):
+            if not rule or any(c.isspace() for c in rule) or "/" in rule:
+                raise UsageError(f"network rule {rule!r} is not a host name",
+                                 "rules are NAME, *.NAME, NAME:PORT or *.NAME:PORT",
+                                 "write it like api.example.com or *.example.com:443")
+
+
+@dataclass(frozen=True, slots=True)
+class Allow:
+    """Named relaxations.  Each one weakens the sandbox; all default to off."""
+
+    nested_userns: bool = False  # run where bwrap cannot --disable-userns (setuid, < 0.8)
+    no_seccomp: bool = False  # run without the seccomp filter (libseccomp missing)
+    no_landlock: bool = False  # run without Landlock, or with less than the policy needs
+    unenforced_limits: bool = False  # run when a requested limit cannot be enforced here
+    unix_sockets: bool = False  # let the payload create AF_UNIX sockets
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name.replace("_", "-") for f in fields(cls))
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """What one sandbox may do.  Built from a profile plus flags; see :mod:`corral.profiles`."""
+
+    name: str = "default"
+    limits: Limits = field(default_factory=Limits)
+    network: Network = field(default_factory=Network)
+    env: tuple[tuple[str, str], ...] = ()  # variables set inside
+    pass_env: tuple[str, ...] = ()  # variables copied from the launcher's environment
+    read_only: tuple[str, ...] = ()  # extra host paths, visible read-only at the same path
+    venv: str | None = None  # a virtualenv, read-only, first on PATH
+    user: str | None = None  # started by root: who the payload runs as (NAME or UID[:GID])
+    allow: Allow = field(default_factory=Allow)
+
+    def __post_init__(self) -> None:
+        for name, value in self.env:
+            check_env_name(name)
+            if "\0" in value:
+                raise UsageError(f"environment variable {name} contains NUL", "",
+                                 "remove the NUL byte")
+        for name in self.pass_env:
+            check_env_name(name)
+        for path in self.read_only:
+            check_path(path, "read-only path")
+        if self.venv is not None:
+            check_path(self.venv, "virtualenv")

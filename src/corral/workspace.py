@@ -1,0 +1,308 @@
+"""Per-run directories, staging inputs in, and collecting results out.
+
+Layout: ``RUNS/<run-id>/work`` is the workspace (mounted at ``/work``) and
+``RUNS/<run-id>/record.json`` the run record.  A reused workspace
+(``--workspace DIR``) keeps its place; its record still goes under RUNS.
+
+Everything in a workspace is untrusted once a payload has run there.  Every
+walk here goes through directory descriptors with ``O_NOFOLLOW``, opens
+files with ``O_NONBLOCK`` (a FIFO never blocks us), checks the type after
+opening, and caps how much it reads, hashes and lists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import UsageError
+from .policy import check_path
+
+__all__ = ["Change", "RunDir", "collect", "default_runs_dir", "prepare", "snapshot",
+           "write_record"]
+
+MAX_ENTRIES = 100_000  # entries walked
+MAX_LISTED = 10_000  # changes listed in the record
+MAX_DEPTH = 64
+MAX_HASHED = 1 << 30  # bytes hashed per collection; beyond it sha256 is null
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+Stamp = tuple[str, int, int, int, int]  # type, size, mtime_ns, ctime_ns, inode
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One path the run created, modified or deleted, as found after the run."""
+
+    path: str  # relative to the workspace; from untrusted names
+    change: str  # created, modified, deleted
+    type: str  # file, dir, symlink, fifo, socket, device, other
+    size: int | None = None
+    sha256: str | None = None
+    target: str | None = None  # a symlink's target, never followed
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    run_id: str
+    root: str  # RUNS/<run-id>
+    workspace: str  # the directory mounted at /work
+    fresh: bool  # created for this run
+
+    @property
+    def record_path(self) -> str:
+        return os.path.join(self.root, "record.json")
+
+
+def default_runs_dir() -> str:
+    """``$CORRAL_RUNS_DIR``; else ``/var/lib/corral/runs`` for root, the XDG state dir otherwise."""
+    if os.environ.get("CORRAL_RUNS_DIR"):
+        return os.environ["CORRAL_RUNS_DIR"]
+    if os.geteuid() == 0:
+        return "/var/lib/corral/runs"
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(state, "corral", "runs")
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+
+
+def check_inputs(inputs: Sequence[str]) -> list[str]:
+    """Absolute, existing input paths; raises before anything is created."""
+    checked = []
+    for item in inputs:
+        path = os.path.abspath(item)
+        check_path(path, "input")
+        if not os.path.lexists(path):
+            raise UsageError(f"input {item} does not exist", "--input copies a host path in",
+                             "check the path")
+        name = os.path.basename(path.rstrip("/"))
+        if name in ("", ".", ".."):
+            raise UsageError(f"input {item} has no usable name", "", "name a file or directory")
+        checked.append(path)
+    return checked
+
+
+def prepare(runs_dir: str, workspace: str | None, inputs: Sequence[str],
+            owner: tuple[int, int] | None) -> RunDir:
+    """Create the run directory (and a fresh workspace unless one is given), copy inputs in.
+
+    ``owner`` is the uid/gid that must own what the payload may write (root mode).
+    """
+    check_path(os.path.abspath(runs_dir), "runs directory")
+    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
+    run_id = new_run_id()
+    root = os.path.join(runs_dir, run_id)
+    os.mkdir(root, 0o700)
+    if workspace is None:
+        ws = os.path.join(root, "work")
+        os.mkdir(ws, 0o700)
+        if owner is not None:
+            os.chown(ws, *owner)
+    else:
+        ws = workspace
+    if inputs:
+        fd = os.open(ws, DIR_FLAGS)
+        try:
+            for src in inputs:
+                copy_in(fd, src, owner)
+        finally:
+            os.close(fd)
+    return RunDir(run_id, root, ws, workspace is None)
+
+
+def copy_in(ws_fd: int, src: str, owner: tuple[int, int] | None) -> None:
+    """Copy ``src`` into the workspace under its own name, replacing what is there.
+
+    It is copied under a fresh temporary name first, then renamed: a symlink
+    left at the destination by an earlier run is replaced, never followed.
+    """
+    name = os.path.basename(src.rstrip("/"))
+    tmp = f".corral-input-{secrets.token_hex(6)}"
+    _copy(src, ws_fd, tmp, owner)
+    try:
+        os.rename(tmp, name, src_dir_fd=ws_fd, dst_dir_fd=ws_fd)
+    except OSError as e:
+        _remove(ws_fd, tmp)
+        raise UsageError(f"input {src} cannot replace {name} in the workspace",
+                         e.strerror or str(e), "remove it from the workspace first") from None
+
+
+def _copy(src: str, dir_fd: int, name: str, owner: tuple[int, int] | None) -> None:
+    st = os.lstat(src)
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(src), name, dir_fd=dir_fd)
+        if owner:
+            os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
+    elif stat.S_ISDIR(st.st_mode):
+        os.mkdir(name, 0o755, dir_fd=dir_fd)
+        sub = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+        try:
+            if owner:
+                os.fchown(sub, *owner)
+            for entry in sorted(os.listdir(src)):
+                _copy(os.path.join(src, entry), sub, entry, owner)
+        finally:
+            os.close(sub)
+    elif stat.S_ISREG(st.st_mode):
+        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                      stat.S_IMODE(st.st_mode) & 0o755 | 0o600, dir_fd=dir_fd)
+        try:
+            with open(src, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    os.write(out, chunk)
+            if owner:
+                os.fchown(out, *owner)
+        finally:
+            os.close(out)
+    else:
+        raise UsageError(f"input {src} is not a file, directory or symlink", "",
+                         "copy regular files only")
+
+
+def _remove(dir_fd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(name, dir_fd=dir_fd)
+            return
+        sub = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+        try:
+            for entry in os.listdir(sub):
+                _remove(sub, entry)
+        finally:
+            os.close(sub)
+        os.rmdir(name, dir_fd=dir_fd)
+
+
+def _type(mode: int) -> str:
+    for test, name in ((stat.S_ISREG, "file"), (stat.S_ISDIR, "dir"), (stat.S_ISLNK, "symlink"),
+                       (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "device"), (stat.S_ISBLK, "device")):
+        if test(mode):
+            return name
+    return "other"
+
+
+def _walk(root: str) -> Iterator[tuple[str, os.stat_result, int]]:
+    """(relative path, lstat, parent dir fd) for every entry, never following symlinks.
+
+    The parent descriptor is valid only until the next item.
+    """
+    try:
+        top = os.open(root, DIR_FLAGS)
+    except OSError:
+        return
+    stack: list[tuple[int, str, int]] = [(top, "", 0)]
+    count = 0
+    try:
+        while stack:
+            fd, rel, depth = stack.pop()
+            try:
+                for name in sorted(os.listdir(fd)):
+                    count += 1
+                    if count > MAX_ENTRIES:
+                        return
+                    try:
+                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    path = f"{rel}/{name}" if rel else name
+                    yield path, st, fd
+                    if stat.S_ISDIR(st.st_mode) and depth < MAX_DEPTH:
+                        with contextlib.suppress(OSError):
+                            stack.append((os.open(name, DIR_FLAGS, dir_fd=fd), path, depth + 1))
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
+
+
+def snapshot(root: str) -> dict[str, Stamp]:
+    """What is in a workspace before a run, to tell created from modified afterwards."""
+    return {path: (_type(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            for path, st, _ in _walk(root)}
+
+
+def _sha256(dir_fd: int, name: str, budget: list[int]) -> str | None:
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > budget[0]:
+            return None
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, 1 << 20):
+            budget[0] -= len(chunk)
+            if budget[0] < 0:
+                return None
+            digest.update(chunk)
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
+    """What the run created, modified or deleted; and whether the list was cut short."""
+    changes: list[Change] = []
+    seen: set[str] = set()
+    budget = [MAX_HASHED]
+    truncated = False
+    for path, st, fd in _walk(root):
+        seen.add(path)
+        kind = _type(st.st_mode)
+        stamp = (kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        old = before.get(path)
+        if old == stamp or (old is not None and kind == "dir" and old[0] == "dir"):
+            continue
+        if len(changes) >= MAX_LISTED:
+            truncated = True
+            continue
+        name = os.path.basename(path)
+        changes.append(Change(
+            path=os.fsdecode(os.fsencode(path)),
+            change="created" if old is None else "modified",
+            type=kind,
+            size=st.st_size if kind == "file" else None,
+            sha256=_sha256(fd, name, budget) if kind == "file" else None,
+            target=_readlink(fd, name) if kind == "symlink" else None,
+        ))
+    for path in sorted(set(before) - seen):
+        if len(changes) >= MAX_LISTED:
+            truncated = True
+            break
+        changes.append(Change(path, "deleted", before[path][0]))
+    return changes, truncated
+
+
+def _readlink(dir_fd: int, name: str) -> str | None:
+    try:
+        return os.readlink(name, dir_fd=dir_fd)[:4096]
+    except OSError:
+        return None
+
+
+def write_record(path: str, record: dict[str, Any]) -> None:
+    """Write the run record atomically: a reader sees the old one or the new one."""
+    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.rename(tmp, path)

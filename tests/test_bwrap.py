@@ -1,0 +1,91 @@
+"""The argv builder is pure: exact expected lists, no machine involved."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from corral.bwrap import Mount, Sandbox, build_ops, command, render
+from corral.launch import Numbering
+
+BASE = Sandbox(
+    argv=("/usr/bin/python3", "script.py"),
+    init_python="/usr/bin/python3.11",
+    init_source=b"# init",
+    init_config={},
+    root_mode=False,
+    uid=1000,
+    gid=1000,
+    disable_userns=True,
+    usr_links=(("usr/bin", "/bin"), ("usr/lib", "/lib")),
+    base=(Mount("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True),
+          Mount("/opt/py/3.12", "/opt/py/3.12")),
+    writable=(Mount("/runs/1/work", "/work", writable=True, by_fd=True),),
+    files=(("/etc/passwd", b"x"),),
+    env=(("PATH", "/usr/bin"), ("HOME", "/work")),
+    tmp_bytes=1000,
+    shm_bytes=500,
+)
+
+
+def test_user_mode_argv_is_exact() -> None:
+    fds = Numbering(first=10)
+    assert render(build_ops(BASE, status_fd=7), fds) == [
+        "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
+        "--die-with-parent", "--new-session", "--hostname", "corral",
+        "--ro-bind", "/usr", "/usr",
+        "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+        "--perms", "0755", "--dir", "/etc",
+        "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+        "--perms", "0755", "--dir", "/opt",
+        "--perms", "0755", "--dir", "/opt/py",
+        "--ro-bind", "/opt/py/3.12", "/opt/py/3.12",
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", "1000", "--perms", "1777", "--tmpfs", "/tmp",
+        "--size", "500", "--perms", "1777", "--tmpfs", "/dev/shm",
+        "--bind-fd", "10", "/work",
+        "--perms", "0444", "--ro-bind-data", "11", "/etc/passwd",
+        "--perms", "0755", "--dir", "/.corral",
+        "--perms", "0444", "--ro-bind-data", "12", "/.corral/init.py",
+        "--clearenv", "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/work",
+        "--chdir", "/",
+        "--json-status-fd", "7",
+    ]
+
+
+def test_root_mode_keeps_only_what_the_init_needs_to_drop() -> None:
+    words = render(build_ops(replace(BASE, root_mode=True, disable_userns=False)), Numbering())
+    assert words[:15] == [
+        "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+        "--cap-add", "CAP_SETPCAP", "--die-with-parent", "--new-session",
+    ]
+    assert "--unshare-user" not in words and "--unshare-all" not in words
+
+
+def test_no_disable_userns_when_host_cannot() -> None:
+    words = render(build_ops(replace(BASE, disable_userns=False)), Numbering())
+    assert "--disable-userns" not in words
+
+
+def test_clearenv_comes_before_every_setenv() -> None:
+    words = render(build_ops(BASE), Numbering())
+    assert words.index("--clearenv") < words.index("--setenv")
+
+
+def test_writable_mounts_always_go_by_descriptor() -> None:
+    sb = replace(BASE, writable=(Mount("/p", "/p", writable=True),))
+    words = render(build_ops(sb), Numbering(first=3))
+    assert words[words.index("--bind-fd"):words.index("--bind-fd") + 3] == ["--bind-fd", "3", "/p"]
+    assert "--bind" not in words
+
+
+def test_seccomp_program_is_handed_over_by_descriptor() -> None:
+    words = render(build_ops(replace(BASE, seccomp=b"\0" * 8)), Numbering(first=20))
+    i = words.index("--seccomp")
+    assert words[i + 1].isdigit()
+
+
+def test_command_runs_the_init_with_its_config_descriptor() -> None:
+    assert command(BASE, 9) == ["/usr/bin/python3.11", "-I", "-S", "-B", "/.corral/init.py",
+                                "9", "/usr/bin/python3", "script.py"]

@@ -1,0 +1,113 @@
+"""Policy and profile validation: pure, strict, with messages that say how to fix."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from corral.errors import ProfileError, UsageError
+from corral.policy import Limits, Network, Policy, parse_duration, parse_size
+from corral.profiles import builtin_profiles, load_profile, policy_from_mapping
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("512", 512), ("1K", 1024), ("2M", 2 << 20), ("1G", 1 << 30), ("1.5G", 3 << 29),
+    ("64KiB", 64 << 10), ("3mb", 3 << 20), (4096, 4096),
+])
+def test_sizes(text: str | int, value: int) -> None:
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-1", "0", "1X", "1 G B", True])
+def test_bad_sizes_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="size"):
+        parse_size(text)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("30", 30.0), ("30s", 30.0), ("500ms", 0.5), ("5m", 300.0), ("1h", 3600.0), (2, 2.0),
+])
+def test_durations(text: str | float, value: float) -> None:
+    assert parse_duration(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "soon", "-5", "0", "nan", "inf", "1d"])
+def test_bad_durations_are_refused(text: str) -> None:
+    with pytest.raises(UsageError, match="duration"):
+        parse_duration(text)
+
+
+@given(st.text())
+def test_size_parser_never_crashes(text: str) -> None:
+    with contextlib.suppress(UsageError):
+        assert parse_size(text) > 0
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(UsageError, match="pids"):
+        Limits(pids=0)
+
+
+@pytest.mark.parametrize("path", ["", "relative/x", "/a\nb", "/a\0b", "/a\rb"])
+def test_policy_refuses_unusable_paths(path: str) -> None:
+    with pytest.raises(UsageError):
+        Policy(read_only=(path,))
+
+
+def test_policy_refuses_bad_env_names() -> None:
+    with pytest.raises(UsageError, match="not valid"):
+        Policy(env=(("1BAD", "x"),))
+
+
+def test_network_rules_must_be_names() -> None:
+    with pytest.raises(UsageError, match="host name"):
+        Network(allow=("http://example.com/x",))
+
+
+def test_shipped_profiles_load() -> None:
+    names = builtin_profiles()
+    assert {"python", "node", "shell"} <= set(names)
+    for name in names:
+        assert load_profile(name).name == name
+
+
+def test_unknown_key_gets_did_you_mean() -> None:
+    with pytest.raises(ProfileError, match="did you mean 'timeout'"):
+        policy_from_mapping({"limits": {"timeuot": 5}}, "x", "x.toml")
+
+
+def test_unknown_section_gets_did_you_mean() -> None:
+    with pytest.raises(ProfileError, match="did you mean 'network'"):
+        policy_from_mapping({"netwrok": {}}, "x", "x.toml")
+
+
+def test_wrong_types_are_refused() -> None:
+    with pytest.raises(ProfileError, match="integer"):
+        policy_from_mapping({"limits": {"pids": "many"}}, "x", "x.toml")
+    with pytest.raises(ProfileError, match="list of strings"):
+        policy_from_mapping({"network": {"allow": "example.com"}}, "x", "x.toml")
+
+
+def test_profile_values_become_policy() -> None:
+    p = policy_from_mapping({"limits": {"timeout": "2m", "memory": "1G", "pids": 64},
+                             "env": {"set": {"A": "1"}, "pass": ["TERM"]},
+                             "allow": {"no-landlock": True}}, "x", "x.toml")
+    assert p.limits.timeout_s == 120 and p.limits.memory_bytes == 1 << 30
+    assert p.limits.pids == 64 and p.env == (("A", "1"),) and p.pass_env == ("TERM",)
+    assert p.allow.no_landlock and not p.allow.no_seccomp
+
+
+def test_malformed_toml_file(tmp_path: Path) -> None:
+    f = tmp_path / "bad.toml"
+    f.write_text("[limits\ntimeout = 5")
+    with pytest.raises(ProfileError, match="not valid TOML"):
+        load_profile(str(f))
+
+
+def test_missing_profile_name_suggests() -> None:
+    with pytest.raises(ProfileError, match="did you mean 'python'"):
+        load_profile("pyhton")

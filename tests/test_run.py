@@ -1,0 +1,277 @@
+"""``corral run`` end to end: the real bwrap, as root and as an unprivileged user.
+
+Each protection is paired with a negative control that removes it and shows
+the same attempt succeeding, so no test can pass vacuously.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import Identity, processes_with, raw_bwrap
+
+pytestmark = pytest.mark.sandbox
+
+
+def _ws(who: Identity, name: str = "ws") -> Path:
+    ws = who.tmp / name
+    ws.mkdir()
+    return who.chown(ws)
+
+
+def test_exit_codes(who: Identity) -> None:
+    assert who.corral("run", "--", "/bin/true").returncode == 0
+    assert who.corral("run", "--", "/bin/sh", "-c", "exit 3").returncode == 3
+    killed = who.corral("run", "--", "/bin/sh", "-c", "kill -9 $$")
+    assert killed.returncode == 137
+    timed = who.corral("run", "--timeout", "1", "--", "/bin/sleep", "60")
+    assert timed.returncode == 124 and "timed out" in timed.stderr
+    failed = who.corral("run", "--", "/no/such/command")
+    assert failed.returncode == 125
+
+
+def test_json_result_follows_the_contract(who: Identity) -> None:
+    r = who.corral_json("--", "/bin/sh", "-c", "echo out; echo err >&2; echo hi > /work/f; exit 4")
+    assert r["_rc"] == 4 and r["exit_code"] == 4 and r["status"] == "exited"
+    assert r["stdout"] == "out\n" and r["stderr"] == "err\n" and r["truncated"] is False
+    assert r["signal"] is None and r["wall_s"] > 0 and r["denials"] == []
+    for key in ("cpu_s", "peak_memory_bytes", "workspace"):
+        assert key in r
+    assert [c["path"] for c in r["changes"]] == ["f"]
+    signaled = who.corral_json("--", "/bin/sh", "-c", "kill -TERM $$")
+    assert (signaled["status"], signaled["signal"], signaled["exit_code"]) == ("signaled", 15, 143)
+
+
+def test_run_record_is_written_beside_the_workspace(who: Identity) -> None:
+    r = who.corral_json("--", "/bin/sh", "-c", "echo data > /work/out.txt")
+    record = Path(r["record"])
+    assert record.parent == Path(r["workspace"]).parent
+    import json
+
+    data = json.loads(record.read_text())
+    assert data["status"] == "exited" and data["command"][0] == "/bin/sh"
+    assert data["changes"][0]["path"] == "out.txt" and data["changes"][0]["size"] == 5
+
+
+def test_writes_outside_work_fail_and_leave_nothing(who: Identity, bwrap: str) -> None:
+    outside = _ws(who, "outside")
+    targets = [outside / "x", Path("/usr/corral-x"), Path("/etc/corral-x"), Path("/corral-x"),
+               Path("/var/tmp/corral-x")]
+    script = "; ".join(f"(echo pwn > {t}) 2>/dev/null && echo WROTE {t}" for t in targets)
+    r = who.corral_json("--", "/bin/sh", "-c", script + "; echo ok > /work/inside; echo t > /tmp/t")
+    assert "WROTE" not in r["stdout"], r["stdout"]
+    assert r["exit_code"] == 0 and (Path(r["workspace"]) / "inside").read_text() == "ok\n"
+    for t in targets:
+        assert not t.exists(), f"{t} was created on the host"
+    # Negative control: with the directory bound writable, the same write lands on the host.
+    ctl = raw_bwrap(bwrap, ["--bind", str(outside), str(outside)],
+                    ["/bin/sh", "-c", f"echo pwn > {outside}/x"])
+    assert ctl.returncode == 0 and (outside / "x").read_text() == "pwn\n"
+
+
+def test_launcher_environment_is_invisible(who: Identity, bwrap: str) -> None:
+    canary = f"CANARY-{uuid.uuid4().hex}"
+    probe = ("cat /proc/1/environ /proc/self/environ 2>/dev/null; env; "
+             "for f in /proc/[0-9]*/environ; do cat $f 2>/dev/null; done")
+    r = who.corral_json("--", "/bin/sh", "-c", probe, env={"CORRAL_CANARY": canary})
+    assert r["exit_code"] == 0 and "HOME=/work" in r["stdout"]
+    assert canary not in r["stdout"] + r["stderr"]
+    # Negative control: naming the variable passes it in.
+    passed = who.corral_json("--env", "CORRAL_CANARY", "--", "/bin/sh", "-c", "env",
+                             env={"CORRAL_CANARY": canary})
+    assert canary in passed["stdout"]
+
+
+def test_host_processes_are_invisible(who: Identity, bwrap: str) -> None:
+    marker = f"corral-host-{uuid.uuid4().hex}"
+    host = subprocess.Popen(["/bin/sh", "-c", "sleep 120; :", marker])
+    try:
+        scan = "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '"
+        r = who.corral_json("--", "/bin/sh", "-c", scan)
+        assert r["exit_code"] == 0 and marker not in r["stdout"]
+        # Negative control: without a PID namespace the host process shows.
+        ctl = raw_bwrap(bwrap, [], ["/bin/sh", "-c", scan])
+        assert marker in ctl.stdout
+    finally:
+        host.kill()
+        host.wait()
+
+
+def test_root_never_writes_as_uid_0(who: Identity, bwrap: str) -> None:
+    if not who.is_root:
+        pytest.skip("started by a plain user, the payload has that user's uid by construction")
+    r = who.corral_json("--", "/bin/sh", "-c", "echo x > /work/mine; id -u")
+    assert int(r["stdout"]) != 0
+    assert (Path(r["workspace"]) / "mine").stat().st_uid != 0
+    with_user = who.corral_json("--user", "1234:1234", "--", "/bin/sh", "-c", "id -u; id -g")
+    assert with_user["stdout"].split() == ["1234", "1234"]
+    # Negative control: bwrap started by root without corral writes as root.
+    ctl_dir = _ws(who, "ctl")
+    ctl = raw_bwrap(bwrap, ["--bind", str(ctl_dir), "/work"],
+                    ["/bin/sh", "-c", "echo x > /work/mine"])
+    assert ctl.returncode == 0 and (ctl_dir / "mine").stat().st_uid == 0
+
+
+PAYLOAD_ESCAPES = r"""
+import ctypes, os, sys, time
+marker = sys.argv[1]
+if os.fork() == 0:                      # a daemon: new session, double fork
+    os.setsid()
+    if os.fork() == 0:
+        os.execv("/bin/sh", ["sh", "-c", "sleep 300; :", marker])
+    os._exit(0)
+if os.fork() == 0:                      # a child that clears its parent-death signal
+    ctypes.CDLL(None).prctl(1, 0, 0, 0, 0)
+    os.execv("/bin/sh", ["sh", "-c", "sleep 300; :", marker])
+open("/work/ready", "w").write("1")
+time.sleep(300)
+"""
+
+
+def test_timeout_leaves_nothing_running(who: Identity) -> None:
+    ws = _ws(who)
+    (ws / "escape.py").write_text(PAYLOAD_ESCAPES)
+    who.chown(ws)
+    marker = f"corral-escape-{uuid.uuid4().hex}"
+    proc = subprocess.Popen([*who.prefix(), "-m", "corral", "run", "--timeout", "20",
+                             "--workspace", str(ws), "--", "python3", "escape.py", marker],
+                            env=who.environ(), cwd=who.tmp, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (ws / "ready").exists() and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.1)
+        # The control: while the run lives, both escapees are alive on the host.
+        assert len(processes_with(marker)) >= 2
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 124, err
+        deadline = time.monotonic() + 30
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_with(marker) == []
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_planted_symlinks_cannot_redirect_the_next_launch(who: Identity, bwrap: str) -> None:
+    ws = _ws(who)
+    victim = _ws(who, "victim")
+    (victim / "keep").write_text("host")
+    who.chown(victim)
+    names = ["tmp", "etc", "proc", "dev", ".corral", "work", "data.txt", "sub"]
+    # During bwrap's setup the host's root is at /oldroot: that is where a planted link aims.
+    plant = "; ".join(f"ln -s /oldroot{victim} /work/{n}" for n in names)
+    assert who.corral("run", "--workspace", str(ws), "--", "/bin/sh", "-c",
+                      plant).returncode == 0
+    before = sorted((p.name, p.stat().st_mode) for p in victim.iterdir()), victim.stat().st_mode
+    data = who.tmp / "data.txt"
+    data.write_text("input")
+    who.chown(data)
+    again = who.corral("run", "--workspace", str(ws), "--input", str(data), "--", "/bin/sh",
+                       "-c", "cat /work/data.txt")
+    assert again.returncode == 0 and again.stdout == "input"
+    after = sorted((p.name, p.stat().st_mode) for p in victim.iterdir()), victim.stat().st_mode
+    assert before == after and (victim / "keep").read_text() == "host"
+    # Negative control (DESIGN fact 7): a setup operation under the workspace follows the link.
+    ctl = raw_bwrap(bwrap, ["--bind", str(ws), "/work", "--dir", "/work/tmp/planted"],
+                    ["/bin/true"])
+    assert ctl.returncode == 0 and (victim / "planted").is_dir()
+
+
+def _no_runs(who: Identity) -> bool:
+    runs = who.tmp / "runs"
+    return not runs.exists() or not any(runs.iterdir())
+
+
+@pytest.mark.parametrize("args", [
+    ["run"],
+    ["run", "--"],
+    ["run", "--input", "/no/such/input", "--", "/bin/true"],
+    ["run", "--input", "/tmp/with\nnewline", "--", "/bin/true"],
+    ["run", "--profile", "no-such-profile", "--", "/bin/true"],
+    ["run", "--timeout", "soon", "--", "/bin/true"],
+    ["run", "--bogus-flag", "--", "/bin/true"],
+    ["run", "--workspace", "/", "--", "/bin/true"],
+    ["run", "--allow", "everything", "--", "/bin/true"],
+])
+def test_bad_input_is_one_line_and_exit_125(who: Identity, args: list[str]) -> None:
+    r = who.corral(*args)
+    assert r.returncode == 125, r
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("corral: error: ")
+    assert _no_runs(who)
+
+
+@pytest.mark.parametrize("profile", [
+    "[limits\ntimeout = 1",                     # malformed
+    "[limits]\ntimeuot = 1",                   # unknown key
+    "[network]\nallow = 'example.com'",        # wrong type
+])
+def test_bad_profiles_are_refused(who: Identity, profile: str) -> None:
+    f = who.tmp / "p.toml"
+    f.write_text(profile)
+    who.chown(f)
+    r = who.corral("run", "--profile", str(f), "--", "/bin/true")
+    assert r.returncode == 125 and r.stderr.count("\n") == 1 and _no_runs(who)
+    if "timeuot" in profile:
+        assert "did you mean 'timeout'" in r.stderr
+
+
+def test_python_and_node_scripts_just_work(who: Identity) -> None:
+    script = who.tmp / "hello.py"
+    script.write_text("import sys, json; print(json.dumps({'ok': True, 'v': sys.version_info[0]}))")
+    who.chown(script)
+    r = who.corral_json("--input", str(script), "--", "python3", "hello.py")
+    assert r["exit_code"] == 0 and r["stdout"].strip() == '{"ok": true, "v": 3}', r
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    js = who.tmp / "hello.js"
+    js.write_text("console.log(JSON.stringify({ok: true, n: 1 + 1}))")
+    who.chown(js)
+    r = who.corral_json("--input", str(js), "--", "node", "hello.js")
+    assert r["exit_code"] == 0 and r["stdout"].strip() == '{"ok":true,"n":2}', r
+
+
+def test_huge_output_is_cut_without_deadlock(who: Identity) -> None:
+    r = who.corral_json("--", "/bin/sh", "-c", "head -c 200000000 /dev/zero; echo done >&2")
+    assert r["truncated"] is True and r["status"] == "output-limit"
+    assert len(r["stdout"]) == 8 << 20 and r["exit_code"] == 137
+
+
+def test_dry_run_prints_the_sandbox_and_starts_nothing(who: Identity) -> None:
+    r = who.corral("run", "--dry-run", "--", "/bin/true")
+    assert r.returncode == 0 and _no_runs(who)
+    lines = r.stdout.splitlines()
+    assert "  --clearenv" in lines and any(line.startswith("  --bind-fd ") for line in lines)
+    assert any("--unshare" in line for line in lines)
+
+
+def test_no_stray_descriptors_reach_the_payload(who: Identity) -> None:
+    r = who.corral_json("--", "/bin/sh", "-c", "ls /proc/self/fd")
+    # 0, 1, 2 and the descriptor ls opened to list the directory.
+    assert r["stdout"].split() == ["0", "1", "2", "3"]
+
+
+def test_stdio_passes_through_without_json(who: Identity) -> None:
+    r = who.corral("run", "--", "/bin/sh", "-c", "echo to-out; echo to-err >&2; cat",
+                   input=b"from-stdin\n")
+    assert r.stdout == "to-out\nfrom-stdin\n" and r.stderr == "to-err\n"
+
+
+def test_api_runs_with_defaults() -> None:
+    import corral
+
+    result = corral.run(["/bin/true"])
+    assert result.exit_code == 0 and result.status == "exited" and result.ok
+    out = corral.run(["/bin/sh", "-c", "cat"], stdin=b"abc")
+    assert out.stdout == b"abc"
+    if os.geteuid() == 0:
+        assert os.stat(result.workspace).st_uid != 0
