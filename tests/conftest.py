@@ -121,6 +121,14 @@ class Identity:
                               cwd=cwd or self.tmp, input=input.decode() if input else None,
                               capture_output=True, text=True, timeout=timeout, check=False)
 
+    def run(self, cmd: Sequence[str], cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Any command as this identity (for negative controls such as a naive bwrap)."""
+        prefix = [] if self.uid == os.geteuid() else [
+            "setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups", "--"]
+        return subprocess.run([*prefix, *cmd], env=self.environ(env), cwd=cwd or self.tmp,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+
     def corral_json(self, *args: str, **kwargs: Any) -> dict[str, Any]:
         proc = self.corral("run", "--json", *args, **kwargs)
         assert proc.stdout.strip(), f"no JSON on stdout; stderr: {proc.stderr}"
@@ -190,3 +198,12 @@ def processes_with(marker: str) -> list[int]:
         except OSError:
             continue
     return [p for p in found if p != os.getpid()]
+
+
+@pytest.fixture
+def root(shared_tmp: Path, readable_src: Path, bwrap: str) -> Iterator[Identity]:
+    """For tests about what corral does when started by root (and only then)."""
+    ident = _identity("root", shared_tmp, readable_src, None)
+    yield ident
+    with contextlib.suppress(OSError):
+        shutil.rmtree(ident.tmp)

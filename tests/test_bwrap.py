@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from corral.bwrap import Mount, Sandbox, build_ops, command, render
+from corral.bwrap import Mount, Sandbox, build_ops, command, render, run_mounts
 from corral.launch import Numbering
 
 BASE = Sandbox(
@@ -16,14 +16,16 @@ BASE = Sandbox(
     uid=1000,
     gid=1000,
     disable_userns=True,
-    usr_links=(("usr/bin", "/bin"), ("usr/lib", "/lib")),
-    base=(Mount("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True),
-          Mount("/opt/py/3.12", "/opt/py/3.12")),
-    writable=(Mount("/runs/1/work", "/work", writable=True, by_fd=True),),
-    files=(("/etc/passwd", b"x"),),
+    mounts=tuple(run_mounts(
+        usr_links=(("usr/bin", "/bin"), ("usr/lib", "/lib")),
+        base=(Mount("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True),
+              Mount("/opt/py/3.12", "/opt/py/3.12")),
+        writable=(Mount("/runs/1/work", "/work", writable=True, by_fd=True),),
+        files=(("/etc/passwd", b"x"),),
+        tmp_bytes=1000,
+        shm_bytes=500,
+    )),
     env=(("PATH", "/usr/bin"), ("HOME", "/work")),
-    tmp_bytes=1000,
-    shm_bytes=500,
 )
 
 
@@ -44,8 +46,8 @@ def test_user_mode_argv_is_exact() -> None:
         "--size", "500", "--perms", "1777", "--tmpfs", "/dev/shm",
         "--bind-fd", "10", "/work",
         "--perms", "0444", "--ro-bind-data", "11", "/etc/passwd",
-        "--perms", "0755", "--dir", "/.corral",
-        "--perms", "0444", "--ro-bind-data", "12", "/.corral/init.py",
+        "--perms", "0755", "--dir", "/run/corral",
+        "--perms", "0444", "--ro-bind-data", "12", "/run/corral/init.py",
         "--clearenv", "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/work",
         "--chdir", "/",
         "--json-status-fd", "7",
@@ -74,8 +76,8 @@ def test_clearenv_comes_before_every_setenv() -> None:
 
 
 def test_writable_mounts_always_go_by_descriptor() -> None:
-    sb = replace(BASE, writable=(Mount("/p", "/p", writable=True),))
-    words = render(build_ops(sb), Numbering(first=3))
+    mounts = run_mounts((), (), [Mount("/p", "/p", writable=True)], (), 1, 1)
+    words = render(mounts, Numbering(first=3))
     assert words[words.index("--bind-fd"):words.index("--bind-fd") + 3] == ["--bind-fd", "3", "/p"]
     assert "--bind" not in words
 
@@ -87,5 +89,5 @@ def test_seccomp_program_is_handed_over_by_descriptor() -> None:
 
 
 def test_command_runs_the_init_with_its_config_descriptor() -> None:
-    assert command(BASE, 9) == ["/usr/bin/python3.11", "-I", "-S", "-B", "/.corral/init.py",
+    assert command(BASE, 9) == ["/usr/bin/python3.11", "-I", "-S", "-B", "/run/corral/init.py",
                                 "9", "/usr/bin/python3", "script.py"]

@@ -7,18 +7,18 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import guard, host, resolve, workspace
+from . import agent, guard, host, resolve, workspace
 from .bwrap import Sandbox
 from .errors import UsageError
 from .launch import Launch, Outcome
 from .policy import Policy
 from .workspace import Change, RunDir
 
-__all__ = ["Result", "plan", "run"]
+__all__ = ["Result", "plan", "plan_agent", "run", "run_agent"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +145,56 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     record.update(result.to_json())
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     workspace.write_record(run_dir.record_path, record)
+    return result
+
+
+def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
+               env: Sequence[tuple[str, str]] = ()) -> tuple[Sandbox, agent.Layout]:
+    """The sandbox :func:`run_agent` would start in ``project``, creating nothing."""
+    return agent.resolve_agent(policy, list(cmd), host.detect(), project, env)
+
+
+def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool = False,
+              stdin: bytes | None = None, env: Sequence[tuple[str, str]] = (),
+              runs_dir: str | None = None, record: bool = True,
+              announce: Callable[[Sandbox], None] | None = None) -> Result:
+    """Run a coding agent (or one shell command) in ``project``; see :mod:`corral.agent`.
+
+    With ``record``, a run record (no file listing: the project is the user's)
+    goes under the runs directory.  ``announce`` sees the sandbox just before launch.
+    """
+    facts = host.detect()
+    sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env)
+    if announce is not None:
+        announce(sb)
+    run_dir = workspace.record_dir(runs_dir or workspace.default_runs_dir(), layout.project) \
+        if record else None
+    entry: dict[str, Any] = {
+        "command": list(cmd), "profile": policy.name, "project": layout.project,
+        "uid": sb.uid, "gid": sb.gid, "status": "running",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if run_dir is not None:
+        entry["run_id"] = run_dir.run_id
+        workspace.write_record(run_dir.record_path, entry)
+    try:
+        outcome = _launch(sb, policy, capture, stdin, facts)
+    except Exception as e:
+        if run_dir is not None:
+            workspace.write_record(run_dir.record_path, {**entry, "status": "error",
+                                                         "error": str(e)})
+        raise
+    result = Result(
+        exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
+        wall_s=outcome.wall_s, cpu_s=None, peak_memory_bytes=None,
+        stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
+        workspace=layout.project, record=run_dir.record_path if run_dir else "",
+        run_id=run_dir.run_id if run_dir else "",
+    )
+    if run_dir is not None:
+        workspace.write_record(run_dir.record_path, {
+            **entry, **result.to_json(),
+            "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return result
 
 

@@ -10,13 +10,18 @@ bwrap applies operations in order, and a later mount covers an earlier one,
 so :func:`build_ops` emits them in this documented order:
 
  1. process and namespace flags
- 2. the read-only base: ``/usr`` and its usr-merge symlinks, ``/etc`` files
- 3. read-only extras: interpreter prefixes, a virtualenv, user paths
- 4. kernel filesystems and scratch: ``/proc``, ``/dev``, ``/tmp``, ``/dev/shm``
- 5. writable binds (the workspace), always by file descriptor
- 6. hidden paths and read-only re-binds inside writable trees (agent mode)
- 7. generated files (``/etc/passwd``, corral's init)
- 8. environment, working directory, seccomp, status reporting
+ 2. the filesystem, ``Sandbox.mounts``, itself ordered by the function that
+    built it: :func:`run_mounts` for ``corral run``, ``agent.agent_mounts``
+    for ``corral agent`` and ``corral shell``
+ 3. corral's init, as a read-only file under ``/run/corral``, then ``Sandbox.seal``
+    (remounts that must follow every mount point, the init's included)
+ 4. environment (``--clearenv`` first), working directory, seccomp, status
+
+:func:`run_mounts` orders the run-mode filesystem as: ``/usr`` and its
+usr-merge symlinks; read-only ``/etc`` files, interpreter prefixes and user
+paths; ``/proc``, ``/dev``, sized ``/tmp`` and ``/dev/shm``; the workspace,
+writable and bound by descriptor; generated files such as ``/etc/passwd``.
+Nothing is ever placed under the workspace (DESIGN fact 7).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 __all__ = [
+    "INIT_PATH",
     "Data",
     "FdTable",
     "Mount",
@@ -37,9 +43,10 @@ __all__ = [
     "build_ops",
     "render",
     "render_lines",
+    "run_mounts",
 ]
 
-INIT_PATH = "/.corral/init.py"
+INIT_PATH = "/run/corral/init.py"
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +66,7 @@ class PathHandle:
     """
 
     path: str
+    directory: bool = True
 
 
 class FdTable(Protocol):
@@ -147,6 +155,16 @@ class RoData:
 
 
 @dataclass(frozen=True, slots=True)
+class RemountRo:
+    """Make a mount read-only once everything beneath it is in place (not recursive)."""
+
+    dest: str
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--remount-ro", self.dest]
+
+
+@dataclass(frozen=True, slots=True)
 class SetEnv:
     name: str
     value: str
@@ -167,7 +185,8 @@ class FdFlag:
         return [self.flag, str(fd)]
 
 
-Op = Flag | RoBind | BindFd | Symlink | Dir | Tmpfs | Kernel | RoData | SetEnv | FdFlag
+Op = (Flag | RoBind | BindFd | Symlink | Dir | Tmpfs | Kernel | RoData | RemountRo | SetEnv
+      | FdFlag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,16 +212,11 @@ class Sandbox:
     uid: int
     gid: int
     disable_userns: bool
-    usr_links: tuple[tuple[str, str], ...]  # usr-merge symlinks: (target, link), /bin -> usr/bin
-    base: tuple[Mount, ...]  # read-only system paths and interpreter prefixes
-    writable: tuple[Mount, ...]  # the workspace (and in agent mode, the project)
-    masks: tuple[Op, ...] = ()  # hides and re-binds inside writable trees, in order
-    files: tuple[tuple[str, bytes], ...] = ()  # generated read-only files: (dest, content)
+    mounts: tuple[Op, ...]  # the filesystem, in order: run_mounts() or agent.agent_mounts()
+    seal: tuple[Op, ...] = ()  # after the init file: remounts that make scaffolding read-only
     env: tuple[tuple[str, str], ...] = ()
     chdir: str = "/work"
     hostname: str = "corral"
-    tmp_bytes: int = 512 << 20
-    shm_bytes: int = 64 << 20
     seccomp: bytes | None = field(default=None, repr=False)
 
 
@@ -222,7 +236,7 @@ def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
     yield Flag(("--die-with-parent", "--new-session", "--hostname", sb.hostname))
 
 
-def _parents(dest: str, made: set[str]) -> Iterator[Op]:
+def parents(dest: str, made: set[str]) -> Iterator[Op]:
     """--dir for each missing parent: bwrap 0.8 makes bind parents mode 0700 otherwise."""
     missing = []
     parent = os.path.dirname(dest)
@@ -234,8 +248,8 @@ def _parents(dest: str, made: set[str]) -> Iterator[Op]:
         yield Dir(path)
 
 
-def _mount(m: Mount, made: set[str]) -> Iterator[Op]:
-    yield from _parents(m.dest, made)
+def mount(m: Mount, made: set[str]) -> Iterator[Op]:
+    yield from parents(m.dest, made)
     made.add(m.dest)
     if m.by_fd or m.writable:
         yield BindFd(PathHandle(m.source), m.dest, m.writable)
@@ -243,25 +257,38 @@ def _mount(m: Mount, made: set[str]) -> Iterator[Op]:
         yield RoBind(m.source, m.dest, m.optional)
 
 
+def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
+               writable: Sequence[Mount], files: Sequence[tuple[str, bytes]],
+               tmp_bytes: int, shm_bytes: int) -> list[Op]:
+    """The filesystem of ``corral run``: steps 2 to 5 and 7 of the module docstring.
+
+    ``usr_links`` are usr-merge symlinks such as ``("usr/bin", "/bin")``;
+    ``files`` are generated read-only files such as ``/etc/passwd``.
+    """
+    made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
+    ops: list[Op] = [RoBind("/usr", "/usr")]
+    ops.extend(Symlink(target, link) for target, link in usr_links)
+    for m in base:
+        ops.extend(mount(m, made))
+    ops += [Kernel("--proc", "/proc"), Kernel("--dev", "/dev"),
+            Tmpfs("/tmp", tmp_bytes, 0o1777), Tmpfs("/dev/shm", shm_bytes, 0o1777)]
+    for m in writable:
+        ops.extend(mount(m, made))
+    for dest, content in files:
+        ops.extend(parents(dest, made))
+        ops.append(RoData(Data(dest, content), dest))
+    return ops
+
+
 def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
     """The ordered operations for ``sb``; see the module docstring for the order.
 
     ``status_fd`` is the launcher's descriptor for bwrap's --json-status-fd.
     """
-    made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
     ops: list[Op] = list(_namespace_flags(sb))
-    ops.append(RoBind("/usr", "/usr"))
-    ops.extend(Symlink(target, link) for target, link in sb.usr_links)
-    for m in sb.base:
-        ops.extend(_mount(m, made))
-    ops += [Kernel("--proc", "/proc"), Kernel("--dev", "/dev"),
-            Tmpfs("/tmp", sb.tmp_bytes, 0o1777), Tmpfs("/dev/shm", sb.shm_bytes, 0o1777)]
-    for m in sb.writable:
-        ops.extend(_mount(m, made))
-    ops.extend(sb.masks)
-    for dest, content in (*sb.files, (INIT_PATH, sb.init_source)):
-        ops.extend(_parents(dest, made))
-        ops.append(RoData(Data(dest, content), dest))
+    ops.extend(sb.mounts)
+    ops += [Dir(os.path.dirname(INIT_PATH)), RoData(Data(INIT_PATH, sb.init_source), INIT_PATH)]
+    ops.extend(sb.seal)
     ops.append(Flag(("--clearenv",)))  # before any --setenv (fact 11)
     ops.extend(SetEnv(name, value) for name, value in sb.env)
     ops.append(Flag(("--chdir", "/")))  # the init changes to sb.chdir once it is the payload's uid

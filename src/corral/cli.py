@@ -20,6 +20,8 @@ from .errors import CorralError, UsageError
 
 SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
+       corral agent [options] -- AGENT [ARG...]
+       corral shell [options] (-c CMD | -- ARGV...)
        corral doctor [--json]"""
 
 
@@ -28,28 +30,61 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message, "", f"see '{self.prog} --help'")
 
 
-def _run_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="run one command in a fresh sandbox",
-                       usage="corral run [options] -- CMD [ARG...]",
-                       description="Run CMD with /work (a fresh per-run directory) as the only "
-                       "writable path, no network, a clean environment and limits.")
-    p.add_argument("--profile", metavar="NAME|FILE",
-                   help="python, node, shell, or a TOML file (default: from CMD's name)")
-    p.add_argument("--workspace", metavar="DIR", help="use DIR as /work instead of a fresh one")
-    p.add_argument("--input", metavar="PATH", action="append", default=[],
-                   help="copy PATH into /work first (repeatable)")
+def _common(p: argparse.ArgumentParser, profiles: str) -> None:
+    p.add_argument("--profile", metavar="NAME|FILE", help=profiles)
     p.add_argument("--timeout", metavar="SECONDS", help="wall-clock limit (e.g. 30, 5m)")
     p.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
                    help="set a variable inside; NAME alone copies it from here (repeatable)")
-    p.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
     p.add_argument("--ro", metavar="PATH", action="append", default=[],
                    help="make a host path visible read-only at the same path (repeatable)")
     p.add_argument("--user", metavar="USER", help="started by root: run as USER (NAME, UID[:GID])")
     p.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
     p.add_argument("--allow", metavar="RELAXATION", action="append", default=[],
                    help="weaken one protection on purpose: " + ", ".join(_relaxations()))
+    p.add_argument("--dry-run", action="store_true", help="print the sandbox and stop")
+
+
+def _agent_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--rw", metavar="PATH", action="append", default=[],
+                   help="also make PATH writable, e.g. an agent's state folder (repeatable)")
+    p.add_argument("--hide", metavar="PATH", action="append", default=[],
+                   help="also make PATH appear empty (repeatable)")
+    p.add_argument("--protect", metavar="NAME", action="append", default=[],
+                   help="also keep files named NAME read-only in writable trees (repeatable)")
+    p.add_argument("--allow-secret", metavar="GLOB", action="append", default=[],
+                   help="leave secret-looking files matching GLOB visible (repeatable)")
+
+
+def _run_parser(sub: Any) -> None:
+    p = sub.add_parser("run", help="run one command in a fresh sandbox",
+                       usage="corral run [options] -- CMD [ARG...]",
+                       description="Run CMD with /work (a fresh per-run directory) as the only "
+                       "writable path, no network, a clean environment and limits.")
+    _common(p, "python, node, shell, or a TOML file (default: from CMD's name)")
+    p.add_argument("--workspace", metavar="DIR", help="use DIR as /work instead of a fresh one")
+    p.add_argument("--input", metavar="PATH", action="append", default=[],
+                   help="copy PATH into /work first (repeatable)")
+    p.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
     p.add_argument("--json", action="store_true", help="capture output; print one JSON result")
-    p.add_argument("--dry-run", action="store_true", help="print the bwrap invocation and stop")
+
+
+def _agent_parsers(sub: Any) -> None:
+    a = sub.add_parser("agent", help="run a coding agent in this project directory",
+                       usage="corral agent [options] -- AGENT [ARG...]",
+                       description="Run AGENT with this directory writable, the rest of the "
+                       "system read-only, the home directory hidden, and no network.")
+    _common(a, "claude, codex, pi, aider, gemini, generic, or a TOML file "
+               "(default: from AGENT's name)")
+    _agent_options(a)
+    s = sub.add_parser("shell", help="run one shell command under agent-mode rules",
+                       usage="corral shell [options] (-c CMD | -- ARGV...)",
+                       description="Run CMD with /bin/bash -c (or /bin/sh), or ARGV as given, "
+                       "in this project directory, with the same filesystem rules as corral "
+                       "agent and no network: per-command isolation for agents that let you "
+                       "set a shell or a command prefix.")
+    _common(s, "generic (default), an agent's profile, or a TOML file")
+    _agent_options(s)
+    s.add_argument("-c", dest="command", metavar="CMD", help="the command, run by the shell")
 
 
 def _relaxations() -> tuple[str, ...]:
@@ -63,6 +98,7 @@ def _parser() -> Parser:
                     description="Sandbox AI coding agents and the scripts they write.")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
     _run_parser(sub)
+    _agent_parsers(sub)
     d = sub.add_parser("doctor", help="what this host supports and which protections hold")
     d.add_argument("--json", action="store_true")
     return parser
@@ -102,11 +138,12 @@ def _env(items: Sequence[str]) -> list[tuple[str, str]]:
     return env
 
 
-def _policy(args: argparse.Namespace, cmd: Sequence[str]) -> Any:
+def _policy(args: argparse.Namespace, default_profile: str) -> Any:
+    """The profile, with every flag applied on top."""
     from .policy import Allow, parse_duration
     from .profiles import load_profile
 
-    policy = load_profile(args.profile or _profile_for(cmd))
+    policy = load_profile(args.profile or default_profile)
     limits = policy.limits
     if args.timeout is not None:
         limits = replace(limits, timeout_s=parse_duration(args.timeout, "--timeout"))
@@ -115,9 +152,19 @@ def _policy(args: argparse.Namespace, cmd: Sequence[str]) -> Any:
         raise UsageError(f"--allow {unknown[0]} is not a relaxation corral knows",
                          f"known: {', '.join(Allow.names())}", "fix the name")
     allow = replace(policy.allow, **{a.replace("-", "_"): True for a in args.allow})
-    return replace(policy, limits=limits, allow=allow, venv=args.venv or policy.venv,
-                   user=args.user, read_only=policy.read_only + tuple(
-                       os.path.abspath(p) for p in args.ro))
+    changes: dict[str, Any] = {
+        "limits": limits, "allow": allow, "user": args.user,
+        "read_only": policy.read_only + tuple(os.path.abspath(p) for p in args.ro),
+    }
+    if hasattr(args, "venv"):
+        changes["venv"] = args.venv or policy.venv
+    if hasattr(args, "rw"):
+        changes.update(
+            writable=policy.writable + tuple(os.path.abspath(p) for p in args.rw),
+            hidden=policy.hidden + tuple(os.path.abspath(p) for p in args.hide),
+            protect=policy.protect + tuple(args.protect),
+            allow_secrets=policy.allow_secrets + tuple(args.allow_secret))
+    return replace(policy, **changes)
 
 
 def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
@@ -128,7 +175,7 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     if not cmd:
         raise UsageError("no command given", "corral runs the command after --",
                          "write it like: corral run -- python3 script.py")
-    policy = _policy(args, cmd)
+    policy = _policy(args, _profile_for(cmd))
     env = _env(args.env)
     if args.dry_run:
         sb = api.plan(cmd, policy, workspace_dir=args.workspace, inputs=args.input, env=env,
@@ -140,6 +187,52 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     if args.json:
         print(json.dumps(result.to_json()))
     elif result.status == "timeout":
+        print(f"corral: timed out after {policy.limits.timeout_s:g}s; killed the sandbox",
+              file=sys.stderr)
+    return result.exit_code
+
+
+def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
+    from . import api
+    from .agent import note_environment, profile_for
+    from .host import detect
+    from .launch import dry_run_lines
+
+    if args.verb == "shell":
+        if (args.command is None) == (not cmd):
+            raise UsageError("corral shell needs exactly one command",
+                             "give it with -c CMD, or as ARGV after --",
+                             "write it like: corral shell -c 'make test'")
+        if args.command is not None:
+            shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
+            cmd = [shell, "-c", args.command]
+        policy = _policy(args, "generic")
+    else:
+        if not cmd:
+            raise UsageError("no agent given", "corral agent runs the command after --",
+                             "write it like: corral agent -- claude")
+        policy = _policy(args, profile_for(cmd))
+    env = _env(args.env)
+    project = os.getcwd()
+    if args.dry_run:
+        sb, layout = api.plan_agent(cmd, policy, project=project, env=env)
+        for e in layout.entries():
+            print(f"{e.access:<7} {e.kind:<4} {e.path}  ({e.reason})")
+        print()
+        print("\n".join(dry_run_lines(sb, detect().require_bwrap())))
+        return 0
+
+    def announce(sb: Any) -> None:
+        if args.verb != "agent":
+            return
+        print(note_environment(sb), file=sys.stderr)
+        if policy.network.allow:
+            print("corral: no network: this build has no egress proxy yet, so "
+                  f"{', '.join(policy.network.allow)} cannot be reached", file=sys.stderr)
+
+    result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
+                           record=args.verb == "agent", announce=announce)
+    if result.status == "timeout":
         print(f"corral: timed out after {policy.limits.timeout_s:g}s; killed the sandbox",
               file=sys.stderr)
     return result.exit_code
@@ -161,6 +254,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         args = _parser().parse_args(options)
         if args.verb == "run":
             code = cmd_run(args, cmd)
+        elif args.verb in ("agent", "shell"):
+            code = cmd_agent(args, cmd)
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")

@@ -1,6 +1,6 @@
 """corral's init: the first program bwrap starts inside every sandbox.
 
-It runs as ``python3 -I -S -B /.corral/init.py CONFIG_FD ARGV...`` and uses
+It runs as ``python3 -I -S -B /run/corral/init.py CONFIG_FD ARGV...`` and uses
 only the standard library, because it is handed into the sandbox as a
 single file (``--ro-bind-data``): the payload must not depend on reading
 corral's checkout or virtualenv.  In order, it:

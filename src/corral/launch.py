@@ -24,6 +24,7 @@ import os
 import selectors
 import shlex
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -70,12 +71,19 @@ class Handles:
     @staticmethod
     def _open(item: Data | PathHandle) -> int:
         if isinstance(item, PathHandle):
-            flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+            if item.directory:
+                flags |= os.O_DIRECTORY
             try:
-                return os.open(item.path, flags)
+                fd = os.open(item.path, flags)
             except OSError as e:
                 raise LaunchError(f"cannot open {item.path} for binding", e.strerror or "",
-                                  "check that it is a directory and not a symlink") from None
+                                  "check that it exists and is not a symlink") from None
+            if stat.S_ISLNK(os.fstat(fd).st_mode):  # O_PATH|O_NOFOLLOW opens the link itself
+                os.close(fd)
+                raise LaunchError(f"{item.path} became a symlink while corral was starting",
+                                  "binding it would follow the link", "start again")
+            return fd
         return memfd(item.name, item.content)
 
     def all(self) -> list[int]:

@@ -76,6 +76,12 @@ def check_path(path: str, what: str) -> str:
     return path
 
 
+def check_policy_path(path: str, what: str) -> str:
+    """An absolute path, or one relative to the home directory (``~/...``)."""
+    check_path(path[1:] if path.startswith("~/") else path, what)
+    return path
+
+
 def check_env_name(name: str) -> str:
     if not ENV_NAME.match(name):
         raise UsageError(
@@ -155,6 +161,10 @@ class Policy:
     env: tuple[tuple[str, str], ...] = ()  # variables set inside
     pass_env: tuple[str, ...] = ()  # variables copied from the launcher's environment
     read_only: tuple[str, ...] = ()  # extra host paths, visible read-only at the same path
+    writable: tuple[str, ...] = ()  # agent mode: extra writable paths (the agent's state)
+    hidden: tuple[str, ...] = ()  # agent mode: extra paths that appear empty
+    protect: tuple[str, ...] = ()  # agent mode: extra names kept read-only in writable trees
+    allow_secrets: tuple[str, ...] = ()  # agent mode: secret-looking names left visible
     venv: str | None = None  # a virtualenv, read-only, first on PATH
     user: str | None = None  # started by root: who the payload runs as (NAME or UID[:GID])
     allow: Allow = field(default_factory=Allow)
@@ -167,7 +177,14 @@ class Policy:
                                  "remove the NUL byte")
         for name in self.pass_env:
             check_env_name(name)
-        for path in self.read_only:
-            check_path(path, "read-only path")
+        for group, what in ((self.read_only, "read-only path"), (self.writable, "writable path"),
+                            (self.hidden, "hidden path")):
+            for path in group:
+                check_policy_path(path, what)
+        for name in (*self.protect, *self.allow_secrets):
+            if not name or "/" in name or "\0" in name or "\n" in name:
+                raise UsageError(f"name pattern {name!r} is not usable",
+                                 "protect and allow-secret entries are file names or globs",
+                                 "write it like .envrc or *.pem")
         if self.venv is not None:
             check_path(self.venv, "virtualenv")

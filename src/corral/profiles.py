@@ -8,9 +8,11 @@ Schema (every key optional)::
 
     description = "one line"
     [limits]      timeout, cpu (durations); memory, disk, output, fsize, tmp, shm (sizes);
-                  pids, nofile (integers); cpus (number)
+                  pids, nofile (integers); cpus (number); "none" switches off an
+                  optional limit (timeout, cpu, memory, pids, cpus, disk, fsize)
     [env]         set = { NAME = "value" }   pass = ["NAME"]
-    [filesystem]  read_only = ["/abs/path"]
+    [filesystem]  read_only, writable, hidden = ["/abs/path", "~/in/home"]
+                  protect, allow_secrets = ["name or glob"]  (agent mode)
     [network]     allow = ["api.example.com", "*.example.com:443"]   deny = [...]
     [allow]       nested-userns, no-seccomp, no-landlock, unenforced-limits, unix-sockets
 """
@@ -81,19 +83,28 @@ def _duration(value: Any, where: str) -> float:
     return parse_duration(value, where)
 
 
+def _optional(check: Check) -> Check:
+    """A limit that may be switched off with the string "none"."""
+    def parse(value: Any, where: str) -> Any:
+        return None if value == "none" else check(value, where)
+    return parse
+
+
 # TOML key -> (Limits field, check)
 LIMITS: dict[str, tuple[str, Check]] = {
-    "timeout": ("timeout_s", _duration), "cpu": ("cpu_s", _duration),
-    "memory": ("memory_bytes", _size), "pids": ("pids", _int), "cpus": ("cpus", _number),
-    "disk": ("disk_bytes", _size), "output": ("output_bytes", _size),
-    "nofile": ("nofile", _int), "fsize": ("fsize_bytes", _size),
-    "tmp": ("tmp_bytes", _size), "shm": ("shm_bytes", _size),
+    "timeout": ("timeout_s", _optional(_duration)), "cpu": ("cpu_s", _optional(_duration)),
+    "memory": ("memory_bytes", _optional(_size)), "pids": ("pids", _optional(_int)),
+    "cpus": ("cpus", _optional(_number)), "disk": ("disk_bytes", _optional(_size)),
+    "output": ("output_bytes", _size), "nofile": ("nofile", _int),
+    "fsize": ("fsize_bytes", _optional(_size)), "tmp": ("tmp_bytes", _size),
+    "shm": ("shm_bytes", _size),
 }
 SECTIONS: dict[str, dict[str, Check] | Check] = {
     "description": _str,
     "limits": {key: check for key, (_, check) in LIMITS.items()},
     "env": {"set": _string_table, "pass": _strings},
-    "filesystem": {"read_only": _strings},
+    "filesystem": {"read_only": _strings, "writable": _strings, "hidden": _strings,
+                   "protect": _strings, "allow_secrets": _strings},
     "network": {"allow": _strings, "deny": _strings},
     "allow": dict.fromkeys(Allow.names(), _bool),
 }
@@ -135,6 +146,7 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
     env = p.get("env", {})
     net = p.get("network", {})
     allow = p.get("allow", {})
+    fs = p.get("filesystem", {})
     try:
         return Policy(
             name=name,
@@ -142,7 +154,11 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
             network=Network(allow=net.get("allow", ()), deny=net.get("deny", ())),
             env=env.get("set", ()),
             pass_env=env.get("pass", ()),
-            read_only=p.get("filesystem", {}).get("read_only", ()),
+            read_only=fs.get("read_only", ()),
+            writable=fs.get("writable", ()),
+            hidden=fs.get("hidden", ()),
+            protect=fs.get("protect", ()),
+            allow_secrets=fs.get("allow_secrets", ()),
             allow=Allow(**{k.replace("-", "_"): v for k, v in allow.items()}),
         )
     except UsageError as e:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from .bwrap import Mount, Sandbox
+from .bwrap import Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
 from .inner import FS_TRUNCATE, FS_WRITE_FILE
@@ -134,10 +134,10 @@ def _check_prefix(prefix: str, what: str) -> str:
     return prefix
 
 
-def resolve_command(argv: Sequence[str], visible: Sequence[str], search: str) -> Command:
-    """Find argv[0] the way a shell would, and the read-only prefixes it needs inside.
-
-    ``visible`` are the host directories already mounted at the same path.
+def which_command(argv: Sequence[str], search: str, base_dir: str | None = None) -> str:
+    """argv[0] as the sandbox will exec it: found on ``search`` like a shell would,
+    pyenv shims resolved to the real interpreter.  A relative path with a slash is
+    left relative (run mode: relative to /work) or joined to ``base_dir``.
     """
     if not argv or not argv[0]:
         raise UsageError("no command given", "corral runs the command after --",
@@ -148,19 +148,27 @@ def resolve_command(argv: Sequence[str], visible: Sequence[str], search: str) ->
     name = argv[0]
     check_path(name if name.startswith("/") else "/" + name, "command")
     if "/" in name and not name.startswith("/"):
-        return Command(tuple(argv), ())  # relative to /work, the workspace
-    if name.startswith("/"):
-        found: str | None = name
-        if _is_under(name, (WORKDIR,)):
-            return Command(tuple(argv), ())
-    else:
-        found = _which(name, search)
+        return name if base_dir is None else os.path.join(base_dir, name)
+    found = name if name.startswith("/") else _which(name, search)
     if found is None or not os.path.exists(found):
         raise UsageError(f"command {name!r} was not found", "it is not on corral's PATH",
                          "give its full path, or copy it in with --input and run ./NAME")
     shim = _pyenv_shim(found, os.path.basename(found), search)
-    if shim is not None:
-        found = shim
+    return found if shim is None else shim
+
+
+def resolve_command(argv: Sequence[str], visible: Sequence[str], search: str) -> Command:
+    """Find argv[0] the way a shell would, and the read-only prefixes it needs inside.
+
+    ``visible`` are the host directories already mounted at the same path.
+    """
+    name = argv[0] if argv else ""
+    if name.startswith(WORKDIR + "/"):
+        which_command(["/bin/true", *argv[1:]], search)  # the same argument checks
+        return Command(tuple(argv), ())
+    found = which_command(argv, search)
+    if not found.startswith("/"):
+        return Command(tuple(argv), ())  # relative to /work, the workspace
     real = os.path.realpath(found)
     prefixes: list[str] = []
     for path in dict.fromkeys((found, real)):
@@ -284,7 +292,7 @@ def _environment(policy: Policy, path: list[str], extra: Sequence[tuple[str, str
     return tuple(env.items())
 
 
-def _check_host(policy: Policy, host: HostFacts) -> bool:
+def check_host(policy: Policy, host: HostFacts) -> bool:
     """Whether bwrap will get --disable-userns; raises when nested userns cannot be stopped."""
     host.require_bwrap()
     if host.is_root:
@@ -336,7 +344,7 @@ def init_config(policy: Policy, host: HostFacts, uid: int, gid: int,
 def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace: str,
                 uid: int, gid: int, extra_env: Sequence[tuple[str, str]] = ()) -> Sandbox:
     """The sandbox for ``corral run``: ``workspace`` at /work, everything else read-only."""
-    disable_userns = _check_host(policy, host)
+    disable_userns = check_host(policy, host)
     base = list(_system_mounts())
     usr_links = _usr_links()
     visible = ["/usr", *(link for _, link in usr_links), *(m.dest for m in base), WORKDIR]
@@ -373,12 +381,9 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         uid=uid,
         gid=gid,
         disable_userns=disable_userns,
-        usr_links=usr_links,
-        base=tuple(base),
-        writable=(Mount(workspace, WORKDIR, writable=True, by_fd=True),),
-        files=_identity_files(uid, gid),
+        mounts=tuple(run_mounts(
+            usr_links, base, [Mount(workspace, WORKDIR, writable=True, by_fd=True)],
+            _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes)),
         env=_environment(policy, path, extra_env),
         chdir=WORKDIR,
-        tmp_bytes=policy.limits.tmp_bytes,
-        shm_bytes=policy.limits.shm_bytes,
     )

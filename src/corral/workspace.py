@@ -26,8 +26,8 @@ from typing import Any
 from .errors import UsageError
 from .policy import check_path
 
-__all__ = ["Change", "RunDir", "collect", "default_runs_dir", "prepare", "snapshot",
-           "write_record"]
+__all__ = ["Change", "RunDir", "collect", "default_runs_dir", "prepare", "record_dir",
+           "snapshot", "write_record"]
 
 MAX_ENTRIES = 100_000  # entries walked
 MAX_LISTED = 10_000  # changes listed in the record
@@ -122,6 +122,16 @@ def prepare(runs_dir: str, workspace: str | None, inputs: Sequence[str],
         finally:
             os.close(fd)
     return RunDir(run_id, root, ws, workspace is None)
+
+
+def record_dir(runs_dir: str, project: str) -> RunDir:
+    """A run directory holding only a record: agent mode works in the user's project."""
+    check_path(os.path.abspath(runs_dir), "runs directory")
+    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
+    run_id = new_run_id()
+    root = os.path.join(runs_dir, run_id)
+    os.mkdir(root, 0o700)
+    return RunDir(run_id, root, project, fresh=False)
 
 
 def copy_in(ws_fd: int, src: str, owner: tuple[int, int] | None) -> None:

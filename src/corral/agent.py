@@ -1,0 +1,322 @@
+"""Agent mode: a whole coding agent in its project, and ``corral shell`` commands.
+
+The current directory is the project.  Everything else on the host is
+read-only; the home directory, other users' homes, ``/run``, ``/tmp`` and
+the like appear empty; the project and the agent's own state paths are
+writable; inside those, what the host later executes or trusts (git hooks
+and config, editor and agent configuration, shell start-up files) stays
+read-only and secret-looking files appear empty.
+
+:func:`agent_mounts` orders the filesystem (pure; see :class:`Layout`):
+
+ 1. the host's root, read-only
+ 2. hidden trees (empty tmpfs) and hidden files (empty), from the deny list
+ 3. ``/proc``, ``/dev``, sized ``/dev/shm``
+ 4. read-only exceptions inside hidden trees (``~/.gitconfig``, the agent's program)
+ 5. writable paths by descriptor, parents before children (state, then the project)
+ 6. inside writable trees: git directories pinned, protected paths read-only,
+    secrets emptied; every destination re-checked just before launch
+ 7. the hidden trees made read-only (they had to be writable to create mount points)
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from . import guard, resolve
+from .bwrap import (
+    BindFd,
+    Data,
+    Kernel,
+    Op,
+    PathHandle,
+    RemountRo,
+    RoBind,
+    RoData,
+    Sandbox,
+    Tmpfs,
+    parents,
+)
+from .errors import UsageError
+from .guard import Finding
+from .host import HostFacts
+from .policy import Policy
+
+__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "profile_for", "resolve_agent"]
+
+# Emptied for every agent: daemons' sockets live under /run; /tmp holds other programs'
+# sockets and files; homes hold credentials; removable and network mounts hold anything.
+HIDDEN_TREES = ("/run", "/var/run", "/tmp", "/var/tmp", "/home", "/root", "/mnt", "/media",
+                "/var/lib/docker", "/var/lib/containers", "/var/run/secrets", "/etc/ssl/private")
+HIDDEN_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-",
+                "/etc/security/opasswd", "/etc/sudoers")
+SCRATCH = ("/tmp", "/var/tmp")  # emptied, sized, and left writable
+BASE_READ_ONLY = ("~/.gitconfig", "~/.config/git", "~/.gitignore_global")
+BASE_PASS_ENV = ("TERM", "COLORTERM", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "NO_COLOR")
+AGENT_PROFILES = {"claude": "claude", "codex": "codex", "pi": "pi", "aider": "aider",
+                  "gemini": "gemini"}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One line of the layout: a host path, seen at the same path inside."""
+
+    path: str
+    access: str  # rw, ro, hidden, pinned
+    kind: str  # dir or file
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Everything :func:`agent_mounts` needs, already checked against the host."""
+
+    project: str
+    home: str
+    hidden_trees: tuple[str, ...]  # existing directories to empty, outermost first
+    hidden_files: tuple[str, ...]  # existing files to empty
+    read_only: tuple[Entry, ...]  # exceptions under hidden trees
+    writable: tuple[Entry, ...]  # state paths and the project
+    findings: tuple[Finding, ...]  # inside writable trees
+    tmp_bytes: int
+    shm_bytes: int
+
+    def entries(self) -> list[Entry]:
+        """The whole layout, for ``--dry-run``: what is writable, read-only, hidden, and why."""
+        rows = [Entry("/", "ro", "dir", "the host system, read-only")]
+        rows += [Entry(p, "hidden", "dir", "emptied: " + ("your home directory" if p == self.home
+                                                          else "credentials, sockets, scratch"))
+                 for p in self.hidden_trees]
+        rows += [Entry(p, "hidden", "file", "emptied: system secret") for p in self.hidden_files]
+        rows += [*self.read_only, *self.writable]
+        access = {"protect": "ro", "hide": "hidden", "pin": "pinned"}
+        rows += [Entry(f.path, access[f.action], f.kind, f.reason) for f in self.findings]
+        return rows
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def agent_mounts(layout: Layout) -> list[Op]:
+    """The ordered filesystem operations for ``layout`` (see the module docstring)."""
+    made: set[str] = set(layout.hidden_trees) | {"/proc", "/dev"}
+    ops: list[Op] = [RoBind("/", "/")]
+    for tree in layout.hidden_trees:
+        size = layout.tmp_bytes if tree in SCRATCH else None
+        ops.append(Tmpfs(tree, size, 0o1777 if size else 0o755))
+    ops += [RoData(Data(path, b""), path, 0o444) for path in layout.hidden_files]
+    ops += [Kernel("--proc", "/proc"), Kernel("--dev", "/dev"),
+            Tmpfs("/dev/shm", layout.shm_bytes, 0o1777)]
+    for e in layout.read_only:
+        ops.extend(parents(e.path, made))
+        made.add(e.path)
+        ops.append(RoBind(e.path, e.path))
+    for e in sorted(layout.writable, key=lambda e: e.path.count("/")):
+        ops.extend(parents(e.path, made))
+        made.add(e.path)
+        ops.append(BindFd(PathHandle(e.path, e.kind == "dir"), e.path, writable=True))
+    ops.extend(_finding_ops(layout.findings))
+    return ops
+
+
+def agent_seal(layout: Layout) -> list[Op]:
+    """Step 7: the emptied trees made read-only, once corral's init file is in place."""
+    return [RemountRo(tree) for tree in reversed(layout.hidden_trees) if tree not in SCRATCH]
+
+
+def _finding_ops(findings: Sequence[Finding]) -> Iterator[Op]:
+    # Pins first: a git directory bound onto itself is a mount point, so rename(2) of it
+    # fails with EBUSY and the agent cannot swap in a .git of its own.
+    for f in sorted(findings, key=lambda f: (f.action != "pin", f.path.count("/"))):
+        if f.action == "pin":
+            yield BindFd(PathHandle(f.path), f.path, writable=True)
+        elif f.action == "protect":
+            yield BindFd(PathHandle(f.path, f.kind == "dir"), f.path, writable=False)
+        elif f.kind == "dir":
+            yield Tmpfs(f.path, None, 0o755)
+            yield RemountRo(f.path)
+        else:
+            yield RoData(Data(f.path, b""), f.path, 0o444)
+
+
+def profile_for(argv: Sequence[str]) -> str:
+    """The shipped profile for an agent command: claude, codex, pi, aider, gemini or generic."""
+    return AGENT_PROFILES.get(os.path.basename(argv[0]) if argv else "", "generic")
+
+
+def _identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
+    """uid, gid, user name and home of the agent.  Started by root: the project's owner."""
+    if not host.is_root:
+        entry = pwd.getpwuid(os.getuid())
+        home = os.environ.get("HOME") or entry.pw_dir
+        return os.getuid(), os.getgid(), entry.pw_name, home
+    if policy.user is not None:
+        uid, gid = resolve.parse_user(policy.user)
+    else:
+        st = os.stat(project)
+        if st.st_uid == 0:
+            raise UsageError(
+                f"project {project} is owned by root",
+                "started by root, corral runs the agent as the project's owner, never as root",
+                "start corral as a regular user, chown the project, or pass --user",
+            )
+        uid, gid = st.st_uid, st.st_gid
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return uid, gid, f"uid{uid}", "/nonexistent"
+    return uid, gid, entry.pw_name, entry.pw_dir
+
+
+def _expand(path: str, home: str) -> str:
+    return os.path.join(home, path[2:]) if path.startswith("~/") else path
+
+
+def _writable(policy: Policy, home: str, project: str, owner: tuple[int, int]) -> list[Entry]:
+    """The agent's state paths (directories end with '/', created for ``owner`` if missing)."""
+    entries = [Entry(project, "rw", "dir", "the project")]
+    for raw in policy.writable:
+        path = _expand(raw, home).rstrip("/")
+        if raw.endswith("/") and not os.path.lexists(path):
+            os.makedirs(path, mode=0o700)
+            if os.geteuid() == 0:
+                os.chown(path, *owner)
+        if not os.path.lexists(path):
+            continue
+        real = guard.check_writable_root(path, "writable path", home=home) \
+            if os.path.isdir(path) else os.path.realpath(path)
+        if os.path.islink(path) and not _under(real, home):
+            raise UsageError(f"writable path {path} links outside the home directory", "",
+                             "point it inside your home, or drop it from the profile")
+        kind = "dir" if os.path.isdir(real) else "file"
+        entries.append(Entry(path, "rw", kind, "the agent's own state"))
+    return entries
+
+
+def _program_mounts(found: str, hidden: Sequence[str], home: str) -> list[str]:
+    """Directories to make visible read-only so the agent's program can run.
+
+    A program inside a hidden tree (say ~/.npm-global/bin/claude) gets its
+    installation prefix when that is safe, else just its own directory; a
+    script's interpreter (``#!/usr/bin/env node``) is followed the same way.
+    """
+    needed: list[str] = []
+    for path in dict.fromkeys((found, os.path.realpath(found))):
+        if not any(_under(path, t) for t in hidden):
+            continue
+        prefix = os.path.dirname(os.path.dirname(path))
+        safe = (os.path.basename(os.path.dirname(path)) == "bin" and prefix not in
+                (home, os.path.join(home, ".local")) and not _under(home, prefix))
+        needed.append(prefix if safe else os.path.dirname(path))
+    interpreter = _shebang(found)
+    if interpreter is not None:
+        located = shutil.which(interpreter) if "/" not in interpreter else interpreter
+        if located and located != found:
+            needed += _program_mounts(located, hidden, home)
+    return list(dict.fromkeys(needed))
+
+
+def _shebang(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            line = f.readline(256).decode(errors="replace")
+    except OSError:
+        return None
+    match = re.match(r"#!\s*(\S+)(?:\s+(\S+))?", line)
+    if match is None:
+        return None
+    if os.path.basename(match.group(1)) == "env" and match.group(2):
+        return match.group(2)
+    return match.group(1)
+
+
+def _read_only(policy: Policy, home: str, program: Sequence[str], host: HostFacts,
+               hidden: Sequence[str]) -> list[Entry]:
+    entries = []
+    for raw in (*BASE_READ_ONLY, *policy.read_only):
+        path = _expand(raw, home)
+        if os.path.lexists(path):
+            entries.append(Entry(path, "ro", "dir" if os.path.isdir(path) else "file",
+                                 "listed read-only by the profile or a flag"))
+    entries += [Entry(p, "ro", "dir", "the agent's program") for p in program]
+    if any(_under(host.python, t) for t in hidden):
+        entries.append(Entry(host.python_prefix, "ro", "dir", "corral's Python, for its init"))
+    return entries
+
+
+def _hidden_trees(home: str, policy: Policy, project: str) -> tuple[str, ...]:
+    trees = [t for t in (*HIDDEN_TREES, *(_expand(h, home) for h in policy.hidden))
+             if os.path.isdir(t) and not os.path.islink(t)]
+    if os.path.isdir(home) and not any(_under(home, t) for t in trees):
+        trees.append(home)
+    # Outermost only: a tree inside another is already empty.  The project may sit inside
+    # a hidden tree (~/dev/demo); agent_mounts binds it back afterwards.
+    trees = [t for t in trees if not any(_under(t, o) and t != o for o in trees)]
+    return tuple(sorted(dict.fromkeys(trees), key=lambda t: t.count("/")))
+
+
+def _environment(policy: Policy, home: str, user: str, path: str,
+                 extra: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    env = {"PATH": path, "HOME": home, "USER": user, "LOGNAME": user, "TMPDIR": "/tmp",
+           "SHELL": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"}
+    for name in (*BASE_PASS_ENV, *policy.pass_env):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    env.update(policy.env)
+    env.update(extra)
+    return tuple(env.items())
+
+
+def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project: str,
+                  extra_env: Sequence[tuple[str, str]] = ()) -> tuple[Sandbox, Layout]:
+    """The sandbox for ``corral agent`` or ``corral shell`` in ``project``."""
+    disable_userns = resolve.check_host(policy, host)
+    # The launcher's own home first, then (started by root) the agent's.
+    guard.check_writable_root(project, "project", home=os.path.expanduser("~"))
+    uid, gid, user, home = _identity(os.path.realpath(project), host, policy)
+    project = guard.check_writable_root(project, "project", home=home)
+    hidden = _hidden_trees(home, policy, project)
+    search = os.environ.get("PATH", os.defpath)
+    found = resolve.which_command(argv, search, base_dir=project)
+    writable = _writable(policy, home, project, (uid, gid))
+    findings: list[Finding] = []
+    for e in writable:
+        if e.kind == "dir":
+            findings += guard.scan(e.path, policy.allow_secrets, policy.protect)
+    layout = Layout(
+        project=project, home=home, hidden_trees=hidden,
+        hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),
+        read_only=tuple(_read_only(policy, home, _program_mounts(found, hidden, home), host,
+                                   hidden)),
+        writable=tuple(writable), findings=tuple(findings),
+        tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes)
+    for e in writable:
+        if e.kind == "dir":
+            guard.verify_unchanged(e.path, [f for f in findings if _under(f.path, e.path)])
+    rights = [[e.path, resolve.ALL_WRITE_RIGHTS] for e in writable]
+    config = resolve.init_config(policy, host, uid, gid, [])
+    config["landlock"]["rules"] = rights + config["landlock"]["rules"] + [
+        ["/var/tmp", resolve.ALL_WRITE_RIGHTS]]
+    return Sandbox(
+        argv=(found, *argv[1:]),
+        init_python=host.python,
+        init_source=resolve.init_source(),
+        init_config=config,
+        root_mode=host.is_root, uid=uid, gid=gid, disable_userns=disable_userns,
+        mounts=tuple(agent_mounts(layout)),
+        seal=tuple(agent_seal(layout)),
+        env=_environment(policy, home, user, search, extra_env),
+        chdir=project,
+    ), layout
+
+
+def note_environment(sb: Sandbox) -> str:
+    """What ``corral agent`` says on stderr: the names it passed, never their values."""
+    names = sorted(name for name, _ in sb.env)
+    return "corral: environment for the agent: " + ", ".join(names)

@@ -1,0 +1,263 @@
+"""``corral agent`` and ``corral shell``: the seed's lab, reproduced and contained.
+
+The lab: a home with ~/.fake-creds/token (FAKE-TOKEN), ~/.ssh/id_ed25519,
+~/.aws/credentials and an unlisted ~/.config/sometool/secret; a project in
+~/dev/demo-* with a git repository and a git-ignored nested one.  Each
+protection runs beside its negative control: the seed's naive bwrap sandbox
+(``--ro-bind / / --bind "$PWD" "$PWD"``) doing the same thing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import IS_ROOT, Identity, _ensure_user
+
+pytestmark = pytest.mark.sandbox
+
+
+@dataclass
+class Lab:
+    home: Path
+    project: Path
+    token: str
+    secrets: tuple[Path, ...]
+    uid: int
+    gid: int
+
+    def own(self, *paths: Path) -> None:
+        if IS_ROOT:
+            for top in paths:
+                for p in [top, *top.rglob("*")]:
+                    os.lchown(p, self.uid, self.gid)
+
+
+def _git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "init.defaultBranch=main", *args], cwd=cwd, check=True,
+                   capture_output=True)
+
+
+@pytest.fixture
+def lab(who: Identity) -> Iterator[Lab]:
+    if IS_ROOT:  # the agent runs as the project's owner: the test user, in its real home
+        entry = _ensure_user()
+        home, uid, gid = Path(entry.pw_dir), entry.pw_uid, entry.pw_gid
+        home.mkdir(parents=True, exist_ok=True)
+    else:
+        home, uid, gid = who.tmp / "home", os.getuid(), os.getgid()
+        home.mkdir()
+        who.env["HOME"] = str(home)
+    token = f"FAKE-TOKEN-{uuid.uuid4().hex}"
+    files = {".fake-creds/token": token, ".ssh/id_ed25519": token, ".aws/credentials": token,
+             ".config/sometool/secret": token, ".bashrc": "# rc\n"}
+    for rel, text in files.items():
+        (home / rel).parent.mkdir(parents=True, exist_ok=True)
+        (home / rel).write_text(text)
+    project = home / "dev" / f"demo-{uuid.uuid4().hex[:8]}"
+    (project / "nested").mkdir(parents=True)
+    _git(project, "init", "-q")
+    (project / ".gitignore").write_text("nested/\n")
+    _git(project / "nested", "init", "-q")
+    (project / ".env").write_text(f"API_KEY={token}\n")
+    (project / "README.md").write_text("demo\n")
+    made = [home / ".fake-creds", home / ".ssh", home / ".aws", home / ".config",
+            home / ".bashrc", home / "dev"]
+    result = Lab(home, project, token, tuple(home / r for r in files if "rc" not in r), uid, gid)
+    result.own(*made)
+    made.append(home / ".claude")  # created by corral for the claude profile
+    os.chmod(home, 0o755)
+    yield result
+    for p in made:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+
+
+def agent(who: Identity, lab: Lab, script: str, *flags: str, cwd: Path | None = None,
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return who.corral("agent", *flags, "--", "/bin/sh", "-c", script, cwd=cwd or lab.project,
+                      env=env)
+
+
+def naive(who: Identity, lab: Lab, script: str, cwd: Path | None = None
+          ) -> subprocess.CompletedProcess[str]:
+    """The seed's first sandbox: everything read-only, the launch directory writable."""
+    here = str(cwd or lab.project)
+    return who.run(["bwrap", "--ro-bind", "/", "/", "--bind", here, here, "--unshare-pid",
+                    "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp", "--chdir", here,
+                    "--", "/bin/sh", "-c", script], cwd=cwd or lab.project)
+
+
+def _runs_as(who: Identity, lab: Lab) -> None:
+    if who.is_root:
+        return
+    if IS_ROOT:  # the user variant must be the project's owner to write it
+        assert who.uid == lab.uid
+
+
+READ_SECRETS = "cat $H/.fake-creds/token $H/.ssh/id_ed25519 $H/.aws/credentials " \
+               "$H/.config/sometool/secret .env 2>/dev/null; echo"
+
+
+def test_secrets_in_home_and_project_are_unreadable(who: Identity, lab: Lab) -> None:
+    _runs_as(who, lab)
+    script = READ_SECRETS.replace("$H", str(lab.home))
+    r = agent(who, lab, script)
+    assert r.returncode == 0, r.stderr
+    assert lab.token not in r.stdout
+    ctl = naive(who, lab, script)
+    assert lab.token in ctl.stdout  # the seed's failure: the fake token is read
+
+
+def test_project_is_writable_and_home_is_not(who: Identity, lab: Lab) -> None:
+    _runs_as(who, lab)
+    script = "echo new > made.txt && echo more >> README.md && cat made.txt README.md; " \
+             "(echo pwn >> ~/.bashrc) 2>/dev/null && echo WROTE-BASHRC; id -u"
+    r = agent(who, lab, script)
+    assert r.returncode == 0, r.stderr
+    assert "WROTE-BASHRC" not in r.stdout and "new\ndemo\nmore\n" in r.stdout
+    assert (lab.project / "made.txt").stat().st_uid == lab.uid
+    assert int(r.stdout.split()[-1]) == lab.uid
+    assert (lab.home / ".bashrc").read_text() == "# rc\n"
+    # The seed's other failure: launched from ~, the naive sandbox makes ~/.bashrc writable.
+    ctl = naive(who, lab, f"echo pwn >> {lab.home}/.bashrc && echo WROTE-BASHRC", cwd=lab.home)
+    assert "WROTE-BASHRC" in ctl.stdout
+    (lab.home / ".bashrc").write_text("# rc\n")
+
+
+def test_git_hooks_config_and_nested_repos_are_read_only(who: Identity, lab: Lab) -> None:
+    _runs_as(who, lab)
+    attempts = [".git/hooks/pre-commit", ".git/config", "nested/.git/hooks/pre-commit",
+                "nested/.git/config"]
+    script = "; ".join(f"(echo '#!/bin/sh' >> {a}) 2>/dev/null && echo WROTE {a}"
+                       for a in attempts)
+    script += "; (mv .git .git-old) 2>/dev/null && echo RENAMED; " \
+              "git add README.md && git -c user.name=a -c user.email=a@b commit -qm x " \
+              "&& echo COMMITTED"
+    r = agent(who, lab, script)
+    assert "WROTE" not in r.stdout and "RENAMED" not in r.stdout, r.stdout
+    assert "COMMITTED" in r.stdout, r.stdout + r.stderr  # everyday git still works
+    assert not (lab.project / ".git/hooks/pre-commit").exists()
+    assert (lab.project / ".git").is_dir() and not (lab.project / ".git-old").exists()
+    ctl = naive(who, lab, script.replace("; git add", "; true || git add"))
+    for a in attempts:
+        assert f"WROTE {a}" in ctl.stdout
+    assert "RENAMED" in ctl.stdout
+
+
+def test_protected_names_stay_read_only_at_any_depth(who: Identity, lab: Lab) -> None:
+    names = [".vscode/tasks.json", "sub/deep/.idea/workspace.xml", ".claude/settings.json",
+             ".gitmodules", "sub/.bashrc", ".mcp.json"]
+    for n in names:
+        (lab.project / n).parent.mkdir(parents=True, exist_ok=True)
+        (lab.project / n).write_text("orig\n")
+    lab.own(lab.project)
+    script = "; ".join(f"(echo pwn >> {n}) 2>/dev/null && echo WROTE {n}" for n in names)
+    script += "; true"
+    r = agent(who, lab, script)
+    assert r.returncode == 0 and "WROTE" not in r.stdout, r.stdout
+    for n in names:
+        assert (lab.project / n).read_text() == "orig\n"
+    ctl = naive(who, lab, script)
+    assert all(f"WROTE {n}" in ctl.stdout for n in names)
+
+
+def test_symlink_to_ssh_in_the_project_shows_nothing(who: Identity, lab: Lab) -> None:
+    (lab.project / "sshlink").symlink_to(lab.home / ".ssh")
+    lab.own(lab.project)
+    script = "ls -A sshlink/ 2>/dev/null; cat sshlink/id_ed25519 2>/dev/null; echo end"
+    r = agent(who, lab, script)
+    assert r.returncode == 0 and r.stdout.strip() == "end" and lab.token not in r.stdout
+    assert lab.token in naive(who, lab, script).stdout
+
+
+@pytest.mark.parametrize("where", ["home", "root", "ssh-holder", "etc"])
+def test_launch_directory_policy_refuses(who: Identity, lab: Lab, where: str) -> None:
+    holder = lab.home / "dev" / "holder"
+    (holder / ".ssh").mkdir(parents=True)
+    lab.own(holder)
+    cwd = {"home": lab.home, "root": Path("/"), "ssh-holder": holder, "etc": Path("/etc")}[where]
+    r = who.corral("agent", "--", "/bin/true", cwd=cwd)
+    assert r.returncode == 125 and r.stderr.startswith("corral: error: refusing"), r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_symlinked_project_path_does_not_widen(who: Identity, lab: Lab) -> None:
+    link = lab.home / "dev" / "looks-like-a-project"
+    link.symlink_to(lab.home)
+    lab.own(link)
+    r = who.corral("agent", "--", "/bin/true", cwd=link)
+    assert r.returncode == 125 and "home directory" in r.stderr
+
+
+def test_symlinked_hooks_are_refused(who: Identity, lab: Lab) -> None:
+    hooks = lab.project / ".git" / "hooks"
+    shutil.rmtree(hooks)
+    (lab.project / "myhooks").mkdir()
+    hooks.symlink_to(lab.project / "myhooks")
+    lab.own(lab.project)
+    r = agent(who, lab, "true")
+    assert r.returncode == 125 and "symbolic link" in r.stderr
+
+
+def test_environment_is_only_what_the_profile_names(who: Identity, lab: Lab) -> None:
+    secret = f"sk-canary-{uuid.uuid4().hex}"
+    other = f"other-{uuid.uuid4().hex}"
+    r = agent(who, lab, "env", "--profile", "claude",
+              env={"ANTHROPIC_API_KEY": secret, "OTHER_SECRET": other})
+    assert r.returncode == 0, r.stderr
+    assert f"ANTHROPIC_API_KEY={secret}" in r.stdout and other not in r.stdout
+    assert "ANTHROPIC_API_KEY" in r.stderr and secret not in r.stderr
+    assert other not in r.stderr and "OTHER_SECRET" not in r.stderr
+    named = agent(who, lab, "env", "--env", "OTHER_SECRET", env={"OTHER_SECRET": other})
+    assert other in named.stdout  # control: naming it passes it
+
+
+def test_shell_runs_one_command_under_the_same_rules(who: Identity, lab: Lab) -> None:
+    r = who.corral("shell", "-c", READ_SECRETS.replace("$H", str(lab.home))
+                   + "; echo ok > from-shell; exit 7",
+                   cwd=lab.project)
+    assert r.returncode == 7 and lab.token not in r.stdout
+    assert (lab.project / "from-shell").read_text() == "ok\n"
+    refused = who.corral("shell", "-c", "true", cwd=lab.home)
+    assert refused.returncode == 125
+
+
+def test_dry_run_shows_the_whole_layout(who: Identity, lab: Lab) -> None:
+    r = who.corral("agent", "--dry-run", "--profile", "claude", "--", "/bin/true",
+                   cwd=lab.project)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert f"rw      dir  {lab.project}  (the project)" in out
+    assert f"hidden  file {lab.project}/.env" in out
+    assert f"ro      dir  {lab.project}/.git/hooks" in out
+    assert f"ro      dir  {lab.project}/nested/.git/hooks" in out
+    assert "--ro-bind / /" in out
+
+
+def test_root_refuses_a_root_owned_project(root: Identity) -> None:
+    mine = root.tmp / "rootproj"
+    mine.mkdir()
+    r = root.corral("agent", "--", "/bin/true", cwd=mine)
+    assert r.returncode == 125 and "owned by root" in r.stderr
+
+
+def test_scan_fails_closed_where_the_launcher_cannot_read(who: Identity, lab: Lab) -> None:
+    locked = lab.project / "locked"
+    locked.mkdir()
+    lab.own(locked)
+    locked.chmod(0)
+    r = agent(who, lab, "true")
+    if who.is_root:  # root's scan reads everything: the launch goes ahead
+        assert r.returncode == 0, r.stderr
+    else:
+        assert r.returncode == 125 and "cannot scan" in r.stderr, r.stderr
