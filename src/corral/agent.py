@@ -152,6 +152,16 @@ def profile_for(argv: Sequence[str]) -> str:
 
 def _identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
     """uid, gid, user name and home of the agent.  Started by root: the project's owner."""
+    uid, gid, user, home = _who(project, host, policy)
+    if policy.home is not None:
+        if not os.path.isdir(policy.home):
+            raise UsageError(f"home directory {policy.home} does not exist", "",
+                             "create it, or drop --home")
+        home = os.path.realpath(policy.home)
+    return uid, gid, user, home
+
+
+def _who(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
     if not host.is_root:
         entry = pwd.getpwuid(os.getuid())
         home = os.environ.get("HOME") or entry.pw_dir

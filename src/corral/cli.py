@@ -53,6 +53,9 @@ def _agent_options(p: argparse.ArgumentParser) -> None:
                    help="also keep files named NAME read-only in writable trees (repeatable)")
     p.add_argument("--allow-secret", metavar="GLOB", action="append", default=[],
                    help="leave secret-looking files matching GLOB visible (repeatable)")
+    p.add_argument("--home", metavar="DIR",
+                   help="treat DIR as the agent's home directory (default: $HOME, or the "
+                   "project owner's when started by root)")
 
 
 def _run_parser(sub: Any) -> None:
@@ -163,7 +166,8 @@ def _policy(args: argparse.Namespace, default_profile: str) -> Any:
             writable=policy.writable + tuple(os.path.abspath(p) for p in args.rw),
             hidden=policy.hidden + tuple(os.path.abspath(p) for p in args.hide),
             protect=policy.protect + tuple(args.protect),
-            allow_secrets=policy.allow_secrets + tuple(args.allow_secret))
+            allow_secrets=policy.allow_secrets + tuple(args.allow_secret),
+            home=os.path.abspath(args.home) if args.home else policy.home)
     return replace(policy, **changes)
 
 

@@ -165,6 +165,7 @@ class Policy:
     hidden: tuple[str, ...] = ()  # agent mode: extra paths that appear empty
     protect: tuple[str, ...] = ()  # agent mode: extra names kept read-only in writable trees
     allow_secrets: tuple[str, ...] = ()  # agent mode: secret-looking names left visible
+    home: str | None = None  # agent mode: the agent's home directory, instead of the owner's
     venv: str | None = None  # a virtualenv, read-only, first on PATH
     user: str | None = None  # started by root: who the payload runs as (NAME or UID[:GID])
     allow: Allow = field(default_factory=Allow)
@@ -188,3 +189,5 @@ class Policy:
                                  "write it like .envrc or *.pem")
         if self.venv is not None:
             check_path(self.venv, "virtualenv")
+        if self.home is not None:
+            check_path(self.home, "home directory")
