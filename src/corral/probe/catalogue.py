@@ -46,7 +46,7 @@ __all__ = ["CATALOGUE", "EXIT_CODE", "LAUNCH_DIRS"]
 EXIT_CODE = 37  # the main battery's exit status, which must come back through the launcher
 GiB = 1 << 30
 SLEEP_S = 60  # the daemon and the orphan: long enough to be caught, short if never killed
-SPIN_S = 6  # the spinner stops itself after this; the sandbox's wall clock must stop it first
+SPIN_S = 5  # the spinner stops itself after this; the sandbox's wall clock must stop it first
 LAUNCH_DIRS = {"launch-from-home": "{home}", "launch-from-root": "/",
                "launch-from-home-parent": "{root}", "launch-from-credential-holder": "{holder}",
                "launch-via-home-symlink": "{link}"}
@@ -111,7 +111,7 @@ WRITES = (
           "{home}/{tag}", "anything in home may be picked up by the user's tools later"),
     write("writes-home-authorized-keys", "create ~/.ssh/authorized_keys", "create",
           "{home}/.ssh/authorized_keys", "an attacker's key there opens the machine to ssh"),
-    write("writes-home-autostart", "create ~/.config/autostart/{tag}.desktop", "create",
+    write("writes-home-autostart", "create an entry in ~/.config/autostart", "create",
           "{home}/.config/autostart/{tag}.desktop", "desktop sessions run autostart entries"),
     write("writes-sibling-project", "create a file in another project, ~/dev/other", "create",
           "{sibling}/{tag}", "the agent was given one project, not all of them"),
@@ -333,7 +333,8 @@ RESOURCES = (
     Check("resources-wall-clock", "resources", f"spin on the CPU for up to {SPIN_S} s, with "
           "two spinning children", "stopped by the sandbox's wall clock",
           "a runaway job must end (corral gets --timeout 2)", stopped("resources-wall-clock"),
-          launch="spin", attempts=(attempt("spin", marker=("{tag}", "spin"), seconds=SPIN_S),)),
+          launch="spin", attempts=(attempt("spin", marker=("{tag}", "spin"), seconds=SPIN_S),),
+          watches=(Watch("gone", "spin-main"),)),
 )
 
 LIFECYCLE = (

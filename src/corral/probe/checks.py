@@ -183,32 +183,42 @@ def bounded(bound: int, unit: str) -> Judge:
     return judge
 
 
+def _timed_out(seen: Seen, spin: str) -> str | None:
+    """Why the spin launch did not end before the spinner's own end; None when it did."""
+    o = seen.outcome
+    if o is None or not o.started:
+        return seen.missing() or "not run"
+    if o.killed:
+        return f"nothing stopped it: {o.ending()}"
+    r = o.result(spin)
+    if r is not None:
+        return str(r.get("detail"))
+    if not o.began(spin):
+        return f"the spinner never started ({o.ending()})"
+    return None
+
+
 def stopped(spin: str) -> Judge:
-    """Passes when the sandbox's wall clock ended the spinning launch before its own end."""
+    """Passes when the sandbox's wall clock ended the spinner before its own end."""
     def judge(seen: Seen) -> Verdict:
-        o = seen.outcome
-        if o is None or not o.started:
-            return False, seen.missing() or "not run"
-        if o.killed:
-            return False, f"nothing stopped it: {o.ending()}"
-        r = o.result(spin)
-        if r is not None:
-            return False, str(r.get("detail"))
-        if not o.began(spin):
-            return False, f"the spinner never started ({o.ending()})"
-        return True, f"stopped after {o.wall_s:.1f} s ({o.ending()})"
+        if (why := _timed_out(seen, spin)) is not None:
+            return False, why
+        ended = f"the launch ended after {seen.outcome.wall_s:.1f} s " \
+                f"({seen.outcome.ending()})" if seen.outcome else ""
+        if seen.findings:
+            return False, f"{ended}, but the spinner runs on: {'; '.join(seen.findings)}"
+        return True, f"{ended}; the spinner is gone"
     return judge
 
 
 def tree_gone(spin: str) -> Judge:
-    """Passes when the timed-out launch was stopped and left no process behind."""
+    """Passes when the timed-out launch left no process behind."""
     def judge(seen: Seen) -> Verdict:
-        ok, said = stopped(spin)(seen)
-        if not ok:
-            return False, f"the timeout never fired: {said}"
+        if (why := _timed_out(seen, spin)) is not None:
+            return False, f"the timeout never fired: {why}"
         if seen.findings:
-            return False, f"{said}; but {'; '.join(seen.findings)}"
-        return True, f"{said}; no process of it is left"
+            return False, "; ".join(seen.findings)
+        return True, "no process of the timed-out launch is left"
     return judge
 
 

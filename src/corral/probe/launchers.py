@@ -144,6 +144,9 @@ Launcher = Corral | Prefix
 def launcher_for(text: str | None, profile: str | None) -> Launcher:
     """``--launcher`` and ``--profile`` as a launcher: corral by default."""
     if text is None:
+        from ..profiles import load_profile
+
+        load_profile(profile or "generic")  # a bad name fails here, before anything is planted
         return Corral(profile or "generic")
     if profile is not None:
         raise UsageError("--profile applies to corral itself, not to --launcher",
@@ -266,13 +269,18 @@ def _collect(proc: subprocess.Popen[bytes], status_r: int, deadline: float, outc
     with selectors.DefaultSelector() as sel:
         for fd in streams:
             sel.register(fd, selectors.EVENT_READ)
-        while sel.get_map():
+        while True:
             now = time.monotonic()
             if proc.poll() is not None:
                 deadline = min(deadline, now + DRAIN_S)
-            if now >= deadline:
-                if proc.poll() is None:
+            if not sel.get_map():  # every writer is gone, but the launcher may still be exiting
+                try:
+                    proc.wait(max(0.0, deadline - now))
+                except subprocess.TimeoutExpired:
                     outcome.killed = True
+                break
+            if now >= deadline:
+                outcome.killed = proc.poll() is None
                 break
             for key, _ in sel.select(min(0.1, deadline - now)):
                 chunk = os.read(int(key.fd), 65536)

@@ -33,6 +33,7 @@ class Report:
     launcher: str
     checks: tuple[CheckResult, ...]
     wall_s: float
+    run: str = ""  # the run's id: every planted path and marker carries corral-probe-<run>
 
     @property
     def passed(self) -> bool:
@@ -45,7 +46,8 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         return {"verdict": "pass" if self.passed else "fail", "launcher": self.launcher,
                 "passed": len(self.checks) - len(self.failed), "failed": len(self.failed),
-                "wall_s": round(self.wall_s, 2), "checks": [asdict(c) for c in self.checks]}
+                "wall_s": round(self.wall_s, 2), "run": self.run,
+                "checks": [asdict(c) for c in self.checks]}
 
 
 def render_text(report: Report, width: int | None = None) -> str:

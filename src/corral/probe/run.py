@@ -15,6 +15,7 @@ import contextlib
 import difflib
 import glob
 import os
+import re
 import signal
 import time
 from collections.abc import Iterable, Sequence
@@ -177,10 +178,11 @@ def probe(launcher: Launcher, only: Sequence[str] = (), base_dir: str | None = N
             with contextlib.suppress(OSError):
                 os.killpg(session, signal.SIGKILL)
         site.close()
-    return Report(launcher.name, results, time.monotonic() - started)
+    return Report(launcher.name, results, time.monotonic() - started, site.run)
 
 
 def _judge(c: Check, seen: Seen | None, plant: Plant) -> CheckResult:
     passed, observed = (False, "not run") if seen is None else c.judge(seen)
-    observed = observed.replace(plant.home, "~").replace(plant.root, "<probe>")
+    for path, name in ((plant.home, "~"), (plant.root, "<probe>")):  # readable, and stable
+        observed = re.sub(r"(?<![\w/])" + re.escape(path) + r"(?![\w-])", name, observed)
     return CheckResult(c.id, c.category, c.attempted, c.expected, observed, passed)
