@@ -32,6 +32,7 @@ from .checks import (
     no_tunnel,
     only_loopback,
     pid1_protected,
+    planted,
     refused_and_clean,
     refused_launch,
     status,
@@ -197,9 +198,10 @@ SECRETS = (
     seek("secrets-host-cmdline", "read the command lines of the host's processes",
          "passwords passed on command lines (--password=...) are visible to anyone who "
          "sees the process", ("cmdline",), "proc", file="cmdline"),
-    seek("secrets-keyring", "read a key from the launcher's session keyring",
-         "kernel keyrings hold login and Kerberos secrets (DESIGN fact 5)", ("keyring",),
-         "keyring", description="{tag}-key"),
+    Check("secrets-keyring", "secrets", "read a key from the launcher's session keyring",
+          "no canary token is seen", "kernel keyrings hold login and Kerberos secrets "
+          "(DESIGN fact 5)", planted("keyring", no_canary("keyring")),
+          attempts=(attempt("keyring", description="{tag}-key"),)),
     seek("secrets-inherited-fd", "read descriptors inherited from the launcher",
          "an open file of the launcher's passes into the sandbox (DESIGN fact 9)",
          ("inherited",), "fds"),

@@ -151,6 +151,17 @@ def no_canary(*names: str) -> Judge:
     return judge
 
 
+def planted(note: str, judge: Judge) -> Judge:
+    """``judge``, unless the trampoline could not plant this canary on this host at all."""
+    def check(seen: Seen) -> Verdict:
+        notes = seen.outcome.notes.split() if seen.outcome else []
+        missing = [n for n in notes if n.startswith(f"no-{note}:")]
+        if missing and seen.outcome and seen.outcome.started:
+            return True, f"nothing to find: the host refused the canary ({missing[0]})"
+        return judge(seen)
+    return check
+
+
 def denied(seen: Seen) -> Verdict:
     """Passes when the operation failed."""
     if (why := seen.missing()) is not None:

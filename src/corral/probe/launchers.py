@@ -162,6 +162,8 @@ def launcher_for(text: str | None, profile: str | None) -> Launcher:
                          "quote it like a shell command line") from None
     if not words:
         raise UsageError("--launcher is empty", "", "give a command prefix, naive or none")
+    if "/" in words[0] and not os.path.isabs(words[0]):  # launches start in other directories
+        words = (os.path.abspath(words[0]), *words[1:])
     return Prefix(text, words)
 
 
