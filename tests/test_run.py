@@ -274,3 +274,13 @@ def test_api_runs_with_defaults() -> None:
     assert out.stdout == b"abc"
     if os.geteuid() == 0:
         assert os.stat(result.workspace).st_uid != 0
+
+
+def test_set_id_programs_do_not_survive_the_run(who: Identity) -> None:
+    r = who.corral_json("--", "/bin/sh", "-c",
+                        "cp /bin/true /work/suid && chmod 6755 /work/suid 2>&1; "
+                        "stat -c %a /work/suid")
+    if r["stdout"].strip() == "6755":  # the control: inside, the bits were set
+        assert (Path(r["workspace"]) / "suid").stat().st_mode & 0o7777 == 0o755
+    else:  # a filter refused chmod with set-ID bits outright: equally safe
+        assert r["stdout"].strip() == "755", r
