@@ -12,7 +12,8 @@ Schema (every key optional)::
     [env]         set = { NAME = "value" }   pass = ["NAME"]
     [filesystem]  read_only = ["/abs/path"]
     [network]     allow = ["api.example.com", "*.example.com:443"]   deny = [...]
-    [allow]       nested-userns, no-seccomp, no-landlock, unenforced-limits, unix-sockets
+    [ipc]         unix_sockets = false   (default true: may the payload create AF_UNIX sockets)
+    [allow]       nested-userns, no-seccomp, no-landlock, unenforced-limits
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ SECTIONS: dict[str, dict[str, Check] | Check] = {
     "env": {"set": _string_table, "pass": _strings},
     "filesystem": {"read_only": _strings},
     "network": {"allow": _strings, "deny": _strings},
+    "ipc": {"unix_sockets": _bool},
     "allow": dict.fromkeys(Allow.names(), _bool),
 }
 
@@ -143,6 +145,7 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
             env=env.get("set", ()),
             pass_env=env.get("pass", ()),
             read_only=p.get("filesystem", {}).get("read_only", ()),
+            unix_sockets=p.get("ipc", {}).get("unix_sockets", True),
             allow=Allow(**{k.replace("-", "_"): v for k, v in allow.items()}),
         )
     except UsageError as e:
