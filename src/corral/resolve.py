@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from . import seccomp
 from .bwrap import Mount, Sandbox
 from .errors import HostError, UsageError
 from .host import HostFacts
@@ -364,11 +365,15 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
     if command.argv[0].startswith("/") and not _is_under(bindir, (WORKDIR,)):
         path.insert(len(path) - len(SYSTEM_PATH), bindir)  # its siblings (pip, npm) come first
     base.extend(Mount(p, p) for p in dict.fromkeys(prefixes))
+    filters = seccomp.for_policy(policy)  # fails closed unless --allow no-seccomp
+    config = init_config(policy, host, uid, gid, [WORKDIR])
+    if filters is not None and filters.payload is not None:
+        config["payload_seccomp"] = filters.payload.hex()
     return Sandbox(
         argv=command.argv,
         init_python=host.python,
         init_source=init_source(),
-        init_config=init_config(policy, host, uid, gid, [WORKDIR]),
+        init_config=config,
         root_mode=host.is_root,
         uid=uid,
         gid=gid,
@@ -381,4 +386,5 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         chdir=WORKDIR,
         tmp_bytes=policy.limits.tmp_bytes,
         shm_bytes=policy.limits.shm_bytes,
+        seccomp=filters.sandbox if filters is not None else None,
     )
