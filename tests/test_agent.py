@@ -261,3 +261,14 @@ def test_scan_fails_closed_where_the_launcher_cannot_read(who: Identity, lab: La
         assert r.returncode == 0, r.stderr
     else:
         assert r.returncode == 125 and "cannot scan" in r.stderr, r.stderr
+
+
+def test_agent_mode_has_the_kernel_layers(who: Identity, lab: Lab) -> None:
+    script = "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; " \
+             "(unshare -U true) 2>/dev/null && echo NEW-USERNS; true"
+    r = agent(who, lab, script)
+    assert r.returncode == 0, r.stderr
+    assert "Seccomp:\t2" in r.stdout and "NoNewPrivs:\t1" in r.stdout
+    assert "NEW-USERNS" not in r.stdout
+    ctl = naive(who, lab, script)
+    assert "Seccomp:\t0" in ctl.stdout and "NEW-USERNS" in ctl.stdout

@@ -14,7 +14,8 @@ Schema (every key optional)::
     [filesystem]  read_only, writable, hidden = ["/abs/path", "~/in/home"]
                   protect, allow_secrets = ["name or glob"]  (agent mode)
     [network]     allow = ["api.example.com", "*.example.com:443"]   deny = [...]
-    [allow]       nested-userns, no-seccomp, no-landlock, unenforced-limits, unix-sockets
+    [ipc]         unix_sockets = false   (default true: may the payload create AF_UNIX sockets)
+    [allow]       nested-userns, no-seccomp, no-landlock, unenforced-limits
 """
 
 from __future__ import annotations
@@ -106,6 +107,7 @@ SECTIONS: dict[str, dict[str, Check] | Check] = {
     "filesystem": {"read_only": _strings, "writable": _strings, "hidden": _strings,
                    "protect": _strings, "allow_secrets": _strings},
     "network": {"allow": _strings, "deny": _strings},
+    "ipc": {"unix_sockets": _bool},
     "allow": dict.fromkeys(Allow.names(), _bool),
 }
 
@@ -159,6 +161,7 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
             hidden=fs.get("hidden", ()),
             protect=fs.get("protect", ()),
             allow_secrets=fs.get("allow_secrets", ()),
+            unix_sockets=p.get("ipc", {}).get("unix_sockets", True),
             allow=Allow(**{k.replace("-", "_"): v for k, v in allow.items()}),
         )
     except UsageError as e:
