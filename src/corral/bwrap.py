@@ -18,8 +18,8 @@ so :func:`build_ops` emits them in this documented order:
  4. environment (``--clearenv`` first), working directory, seccomp, status
 
 :func:`run_mounts` orders the run-mode filesystem as: ``/usr`` and its
-usr-merge symlinks; read-only ``/etc`` files, interpreter prefixes and user
-paths; ``/proc``, ``/dev``, sized ``/tmp`` and ``/dev/shm``; the workspace,
+usr-merge symlinks; ``/proc``, ``/dev``, sized ``/tmp`` and ``/dev/shm``;
+read-only ``/etc`` files, interpreter prefixes and user paths; the workspace,
 writable and bound by descriptor; generated files such as ``/etc/passwd``.
 Nothing is ever placed under the workspace (DESIGN fact 7).
 """
@@ -268,10 +268,11 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
     ops: list[Op] = [RoBind("/usr", "/usr")]
     ops.extend(Symlink(target, link) for target, link in usr_links)
-    for m in base:
-        ops.extend(mount(m, made))
+    # Scratch before the read-only extras, so that an extra under /tmp is not covered.
     ops += [Kernel("--proc", "/proc"), Kernel("--dev", "/dev"),
             Tmpfs("/tmp", tmp_bytes, 0o1777), Tmpfs("/dev/shm", shm_bytes, 0o1777)]
+    for m in base:
+        ops.extend(mount(m, made))
     for m in writable:
         ops.extend(mount(m, made))
     for dest, content in files:
