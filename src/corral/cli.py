@@ -50,6 +50,29 @@ def _run_parser(sub: Any) -> None:
                    help="weaken one protection on purpose: " + ", ".join(_relaxations()))
     p.add_argument("--json", action="store_true", help="capture output; print one JSON result")
     p.add_argument("--dry-run", action="store_true", help="print the bwrap invocation and stop")
+    add_network_flags(p)
+
+
+def add_network_flags(p: Any) -> None:
+    """--allow-domain, --deny-domain, --resolve: shared by run, agent and shell."""
+    p.add_argument("--allow-domain", metavar="NAME[:PORT]", action="append", default=[],
+                   help="let the command reach NAME (or *.NAME: its subdomains) through "
+                   "corral's proxy, on PORT or any port (repeatable)")
+    p.add_argument("--deny-domain", metavar="NAME[:PORT]", action="append", default=[],
+                   help="never let it reach NAME; wins over --allow-domain (repeatable)")
+    p.add_argument("--resolve", metavar="NAME:ADDRESS", action="append", default=[],
+                   help="resolve NAME to ADDRESS for this run, which it may then reach "
+                   "even if it is loopback or private (repeatable)")
+
+
+def network_from_args(network: Any, args: argparse.Namespace) -> Any:
+    """The profile's network rules plus those given as flags."""
+    from .egress.rules import parse_pin
+    from .policy import Network
+
+    return Network(allow=(*network.allow, *args.allow_domain),
+                   deny=(*network.deny, *args.deny_domain),
+                   resolve=(*network.resolve, *(parse_pin(p) for p in args.resolve)))
 
 
 def _relaxations() -> tuple[str, ...]:
@@ -116,7 +139,8 @@ def _policy(args: argparse.Namespace, cmd: Sequence[str]) -> Any:
                          f"known: {', '.join(Allow.names())}", "fix the name")
     allow = replace(policy.allow, **{a.replace("-", "_"): True for a in args.allow})
     return replace(policy, limits=limits, allow=allow, venv=args.venv or policy.venv,
-                   user=args.user, read_only=policy.read_only + tuple(
+                   user=args.user, network=network_from_args(policy.network, args),
+                   read_only=policy.read_only + tuple(
                        os.path.abspath(p) for p in args.ro))
 
 

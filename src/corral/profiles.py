@@ -12,6 +12,7 @@ Schema (every key optional)::
     [env]         set = { NAME = "value" }   pass = ["NAME"]
     [filesystem]  read_only = ["/abs/path"]
     [network]     allow = ["api.example.com", "*.example.com:443"]   deny = [...]
+                  resolve = { "api.test" = "127.0.0.1" }  (pins, like --resolve)
     [allow]       nested-userns, no-seccomp, no-landlock, unenforced-limits, unix-sockets
 """
 
@@ -94,7 +95,7 @@ SECTIONS: dict[str, dict[str, Check] | Check] = {
     "limits": {key: check for key, (_, check) in LIMITS.items()},
     "env": {"set": _string_table, "pass": _strings},
     "filesystem": {"read_only": _strings},
-    "network": {"allow": _strings, "deny": _strings},
+    "network": {"allow": _strings, "deny": _strings, "resolve": _string_table},
     "allow": dict.fromkeys(Allow.names(), _bool),
 }
 
@@ -139,7 +140,8 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
         return Policy(
             name=name,
             limits=replace(Limits(), **{LIMITS[k][0]: v for k, v in limits.items()}),
-            network=Network(allow=net.get("allow", ()), deny=net.get("deny", ())),
+            network=Network(allow=net.get("allow", ()), deny=net.get("deny", ()),
+                            resolve=net.get("resolve", ())),
             env=env.get("set", ()),
             pass_env=env.get("pass", ()),
             read_only=p.get("filesystem", {}).get("read_only", ()),
