@@ -262,12 +262,13 @@ def address_problem(addr: IPAddress) -> str | None:
                        ("is_loopback", "a loopback address"),
                        ("is_link_local", "a link-local address"),
                        ("is_multicast", "a multicast address"),
+                       ("is_reserved", "a reserved address"),
                        ("is_private", "a private address")):
         if getattr(addr, test):
             return what
     if isinstance(addr, ipaddress.IPv4Address) and addr in _CGNAT:
         return "a shared (carrier-grade NAT) address"
-    if addr.is_reserved or not addr.is_global:
+    if not addr.is_global:
         return "a reserved address"
     return None
 
