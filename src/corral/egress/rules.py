@@ -26,6 +26,7 @@ A rule without a port matches every port.
 from __future__ import annotations
 
 import enum
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -162,6 +163,7 @@ def _ip(text: str) -> IPAddress | None:
     return addr
 
 
+@functools.lru_cache(maxsize=4096)  # pure, and called several times per request
 def parse_host(text: str) -> Host:
     """A target host: ``name``, ``1.2.3.4``, ``[::1]`` (brackets optional for IPv6)."""
     inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
