@@ -37,7 +37,7 @@ def timed(cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> float:
 
 def interleaved(cases: dict[str, Callable[[], float]], runs: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {name: [] for name in cases}
-    for name, case in cases.items():  # warm caches once each
+    for case in cases.values():  # warm caches once each
         case()
     for _ in range(runs):
         for name, case in cases.items():

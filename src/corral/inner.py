@@ -9,12 +9,15 @@ corral's checkout or virtualenv.  In order, it:
     can read a process's command line);
  2. started by root, drops the capability bounding set, then to the payload's
     uid and gid (bwrap ran as root so that it could mount what root can read);
- 3. forks; the child sets rlimits, applies Landlock, stacks the payload's own
+ 3. with egress, starts the bridge (``/run/corral/bridge.py``): listening on
+    127.0.0.1 *before* the fork, so the payload's first request never races it;
+ 4. forks; the child sets rlimits, applies Landlock, stacks the payload's own
     seccomp filter when the config has one (bwrap's filter already covers
     this whole process tree), moves the real stderr in place, closes every
     other descriptor and execs the payload;
- 4. the parent reports "started" once the exec has succeeded, waits, reports
-    how the payload ended on the status descriptor, and exits the same way.
+ 5. the parent reports "started" once the exec has succeeded, waits (serving
+    the bridge meanwhile), reports how the payload ended on the status
+    descriptor, and exits the same way.
 
 A setup failure is reported as an ``error`` event and exit status 125, so
 the launcher can tell it from the payload's own failures.
@@ -204,6 +207,17 @@ def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
     os._exit(SETUP_FAILED)
 
 
+def start_bridge(cfg: dict[str, Any]) -> Any:
+    """The egress bridge, listening, or None without egress (see corral/egress/bridge.py)."""
+    spec = cfg.get("egress")
+    if spec is None:
+        return None
+    scope: dict[str, Any] = {"__name__": "corral_bridge"}
+    with open(spec["path"], "rb") as f:
+        exec(compile(f.read(), spec["path"], "exec"), scope)
+    return scope["Bridge"](spec)
+
+
 class Reporter:
     """JSON lines to the launcher's status descriptor."""
 
@@ -227,6 +241,7 @@ def run(config_fd: int, argv: list[str]) -> int:
         if cfg.get("uid") is not None and os.getuid() == 0:
             drop_to(int(cfg["uid"]), int(cfg["gid"]))
         _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the payload may not read our fds
+        bridge = start_bridge(cfg)
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
     except (SetupError, OSError) as e:
@@ -243,7 +258,7 @@ def run(config_fd: int, argv: list[str]) -> int:
         report.send(event="error", message=failure.decode(errors="replace"))
         return SETUP_FAILED
     report.send(event="started", pid=pid)
-    _, status = os.waitpid(pid, 0)
+    status = os.waitpid(pid, 0)[1] if bridge is None else bridge.serve(pid)
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))
         return 128 + os.WTERMSIG(status)

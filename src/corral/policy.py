@@ -129,11 +129,9 @@ class Network:
     resolve: tuple[tuple[str, str], ...] = ()  # NAME -> ADDRESS pins, like curl --resolve
 
     def __post_init__(self) -> None:
-        for rule in (*self.allow, *self.deny):
-            if not rule or any(c.isspace() for c in rule) or "/" in rule:
-                raise UsageError(f"network rule {rule!r} is not a host name",
-                                 "rules are NAME, *.NAME, NAME:PORT or *.NAME:PORT",
-                                 "write it like api.example.com or *.example.com:443")
+        from .egress.rules import parse_network  # pure; raises UsageError saying why
+
+        parse_network(self)
 
 
 @dataclass(frozen=True, slots=True)
