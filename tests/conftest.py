@@ -175,13 +175,18 @@ def who(request: Any, shared_tmp: Path, readable_src: Path, bwrap: str) -> Itera
         shutil.rmtree(ident.tmp)
 
 
-def raw_bwrap(bwrap: str, args: Sequence[str], cmd: Sequence[str], **kwargs: Any
-              ) -> subprocess.CompletedProcess[str]:
-    """Negative controls: plain bwrap with a base system and the given extra arguments."""
+def raw_bwrap_argv(bwrap: str, args: Sequence[str], cmd: Sequence[str]) -> list[str]:
+    """Plain bwrap with a base system and the given extra arguments."""
     base = [bwrap, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
             "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
             "--proc", "/proc", "--dev", "/dev"]
-    return subprocess.run([*base, *args, "--", *cmd], capture_output=True, text=True,
+    return [*base, *args, "--", *cmd]
+
+
+def raw_bwrap(bwrap: str, args: Sequence[str], cmd: Sequence[str], **kwargs: Any
+              ) -> subprocess.CompletedProcess[str]:
+    """Negative controls: run :func:`raw_bwrap_argv`."""
+    return subprocess.run(raw_bwrap_argv(bwrap, args, cmd), capture_output=True, text=True,
                           timeout=120, check=False, **kwargs)
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import IS_ROOT, Identity, _ensure_user
+from egress_util import Origin
 
 pytestmark = pytest.mark.sandbox
 
@@ -261,3 +262,32 @@ def test_scan_fails_closed_where_the_launcher_cannot_read(who: Identity, lab: La
         assert r.returncode == 0, r.stderr
     else:
         assert r.returncode == 125 and "cannot scan" in r.stderr, r.stderr
+
+
+def test_agent_mode_has_the_kernel_layers(who: Identity, lab: Lab) -> None:
+    script = "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status; " \
+             "(unshare -U true) 2>/dev/null && echo NEW-USERNS; true"
+    r = agent(who, lab, script)
+    assert r.returncode == 0, r.stderr
+    assert "Seccomp:\t2" in r.stdout and "NoNewPrivs:\t1" in r.stdout
+    assert "NEW-USERNS" not in r.stdout
+    ctl = naive(who, lab, script)
+    assert "Seccomp:\t0" in ctl.stdout and "NEW-USERNS" in ctl.stdout
+
+
+def test_agent_reaches_only_allowed_names_through_the_proxy(who: Identity, lab: Lab) -> None:
+    with Origin() as origin:
+        o = f"origin.test:{origin.port}"
+        script = (f"curl -sS http://{o}/model; "
+                  f"curl -sS -o /dev/null -w '%{{http_code}}' http://other.test:{origin.port}/; "
+                  f"echo; (curl -sS --noproxy '*' http://127.0.0.1:{origin.port}/ 2>/dev/null "
+                  "|| echo direct-refused)")
+        r = agent(who, lab, script, "--allow-domain", "origin.test",
+                  "--resolve", "origin.test:127.0.0.1")
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == [f"GET /model host={o}", "403", "direct-refused"]
+        assert "network: only origin.test, through corral's proxy" in r.stderr
+        assert origin.connections == 1
+        # Control: the naive sandbox shares the host network and reaches it directly.
+        ctl = naive(who, lab, f"curl -sS --noproxy '*' http://127.0.0.1:{origin.port}/x")
+        assert ctl.stdout.startswith("GET /x") and origin.connections == 2

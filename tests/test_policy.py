@@ -111,3 +111,19 @@ def test_malformed_toml_file(tmp_path: Path) -> None:
 def test_missing_profile_name_suggests() -> None:
     with pytest.raises(ProfileError, match="did you mean 'python'"):
         load_profile("pyhton")
+
+
+def test_unix_sockets_is_a_strict_profile_setting() -> None:
+    assert Policy().unix_sockets is True  # the default allows them
+    assert not policy_from_mapping({"ipc": {"unix_sockets": False}}, "x", "x.toml").unix_sockets
+    with pytest.raises(ProfileError, match="true or false"):
+        policy_from_mapping({"ipc": {"unix_sockets": "no"}}, "x", "x.toml")
+    with pytest.raises(ProfileError, match="did you mean 'unix_sockets'"):
+        policy_from_mapping({"ipc": {"unix_socket": False}}, "x", "x.toml")
+    with pytest.raises(ProfileError, match="unknown key 'unix-sockets'"):
+        policy_from_mapping({"allow": {"unix-sockets": True}}, "x", "x.toml")
+
+
+def test_script_profiles_forbid_unix_sockets_and_shell_allows_them() -> None:
+    assert not load_profile("python").unix_sockets and not load_profile("node").unix_sockets
+    assert load_profile("shell").unix_sockets

@@ -274,3 +274,26 @@ def test_api_runs_with_defaults() -> None:
     assert out.stdout == b"abc"
     if os.geteuid() == 0:
         assert os.stat(result.workspace).st_uid != 0
+
+
+def test_set_id_programs_do_not_survive_the_run(who: Identity) -> None:
+    r = who.corral_json("--", "/bin/sh", "-c",
+                        "cp /bin/true /work/suid && chmod 6755 /work/suid 2>&1; "
+                        "stat -c %a /work/suid")
+    if r["stdout"].strip() == "6755":  # the control: inside, the bits were set
+        assert (Path(r["workspace"]) / "suid").stat().st_mode & 0o7777 == 0o755
+    else:  # a filter refused chmod with set-ID bits outright: equally safe
+        assert r["stdout"].strip() == "755", r
+
+
+def test_read_only_extras_under_tmp_are_visible(who: Identity) -> None:
+    extra = who.tmp / "extra"
+    extra.mkdir()
+    (extra / "data.txt").write_text("shared\n")
+    extra.chmod(0o755)
+    (extra / "data.txt").chmod(0o644)
+    r = who.corral_json("--ro", str(extra), "--", "/bin/sh", "-c",
+                        f"cat {extra}/data.txt; (echo x > {extra}/data.txt) 2>/dev/null "
+                        "&& echo WROTE; true")
+    assert r["stdout"] == "shared\n", r
+    assert (extra / "data.txt").read_text() == "shared\n"

@@ -128,3 +128,13 @@ def test_missing_inputs_are_refused_before_anything_exists(tmp_path: Path) -> No
         workspace.check_inputs([str(tmp_path / "nope")])
     with pytest.raises(UsageError, match="not a usable path"):
         workspace.check_inputs([str(tmp_path / "a\nb")])
+
+
+def test_collect_strips_set_id_bits(tmp_path: Path) -> None:
+    prog = tmp_path / "prog"
+    prog.write_text("#!/bin/sh\n")
+    prog.chmod(0o6755)
+    assert prog.stat().st_mode & 0o6000 == 0o6000  # control: the bits were really set
+    changes, _ = workspace.collect(str(tmp_path), {})
+    assert prog.stat().st_mode & 0o7777 == 0o755
+    assert [c.path for c in changes] == ["prog"]

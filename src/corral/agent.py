@@ -310,10 +310,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     for e in writable:
         if e.kind == "dir":
             guard.verify_unchanged(e.path, [f for f in findings if _under(f.path, e.path)])
-    rights = [[e.path, resolve.ALL_WRITE_RIGHTS] for e in writable]
-    config = resolve.init_config(policy, host, uid, gid, [])
-    config["landlock"]["rules"] = rights + config["landlock"]["rules"] + [
-        ["/var/tmp", resolve.ALL_WRITE_RIGHTS]]
+    config, program = resolve.kernel_layers(policy, host, uid, gid,
+                                            [*(e.path for e in writable), "/var/tmp"])
     return Sandbox(
         argv=(found, *argv[1:]),
         init_python=host.python,
@@ -324,6 +322,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         seal=tuple(agent_seal(layout)),
         env=_environment(policy, home, user, search, extra_env),
         chdir=project,
+        seccomp=program,
     ), layout
 
 

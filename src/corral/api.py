@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import agent, guard, host, resolve, workspace
+from . import agent, egress, guard, host, resolve, workspace
 from .bwrap import Sandbox
 from .errors import UsageError
 from .launch import Launch, Outcome
@@ -96,6 +96,7 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
     """The sandbox :func:`run` would start, checked the same way, creating nothing."""
     policy = policy or Policy()
     facts = host.detect()
+    rules = egress.compile_rules(policy.network)
     workspace.check_inputs(inputs)
     if workspace_dir is not None:
         ws = guard.check_workspace(workspace_dir)
@@ -103,7 +104,8 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
     else:
         ws = os.path.join(runs_dir or workspace.default_runs_dir(), "RUN-ID", "work")
         uid, gid = resolve.sandbox_identity(policy, facts, None)
-    return resolve.resolve_run(policy, list(cmd), facts, ws, uid, gid, env)
+    sb = resolve.resolve_run(policy, list(cmd), facts, ws, uid, gid, env)
+    return egress.attach(sb, egress.Bridge(None)) if rules.enabled else sb
 
 
 def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str | None = None,
@@ -118,6 +120,7 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     """
     policy = policy or Policy()
     facts = host.detect()
+    egress.compile_rules(policy.network)  # bad rules: refused before anything is created
     run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir, inputs=inputs,
                                   runs_dir=runs_dir, facts=facts)
     sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
@@ -129,7 +132,9 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     }
     workspace.write_record(run_dir.record_path, record)
     try:
-        outcome = _launch(sb, policy, capture, stdin, facts)
+        with egress.open_session(policy.network, run_dir.root) as net:
+            record["egress_log"] = net.log_path
+            outcome = _launch(net.attach(sb), policy, capture, stdin, facts, net.pass_fds)
     except Exception as e:
         record.update(status="error", error=str(e))
         workspace.write_record(run_dir.record_path, record)
@@ -140,7 +145,7 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
         wall_s=outcome.wall_s, cpu_s=None, peak_memory_bytes=None,
         stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
         workspace=run_dir.workspace, record=run_dir.record_path, run_id=run_dir.run_id,
-        changes=tuple(changes), changes_truncated=cut,
+        changes=tuple(changes), changes_truncated=cut, denials=net.denials(),
     )
     record.update(result.to_json())
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -151,7 +156,9 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
 def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
                env: Sequence[tuple[str, str]] = ()) -> tuple[Sandbox, agent.Layout]:
     """The sandbox :func:`run_agent` would start in ``project``, creating nothing."""
-    return agent.resolve_agent(policy, list(cmd), host.detect(), project, env)
+    rules = egress.compile_rules(policy.network)
+    sb, layout = agent.resolve_agent(policy, list(cmd), host.detect(), project, env)
+    return (egress.attach(sb, egress.Bridge(None)) if rules.enabled else sb), layout
 
 
 def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool = False,
@@ -164,6 +171,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     goes under the runs directory.  ``announce`` sees the sandbox just before launch.
     """
     facts = host.detect()
+    egress.compile_rules(policy.network)  # bad rules: refused before anything is created
     sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env)
     if announce is not None:
         announce(sb)
@@ -178,7 +186,9 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         entry["run_id"] = run_dir.run_id
         workspace.write_record(run_dir.record_path, entry)
     try:
-        outcome = _launch(sb, policy, capture, stdin, facts)
+        with egress.open_session(policy.network, run_dir.root if run_dir else None) as net:
+            entry["egress_log"] = net.log_path
+            outcome = _launch(net.attach(sb), policy, capture, stdin, facts, net.pass_fds)
     except Exception as e:
         if run_dir is not None:
             workspace.write_record(run_dir.record_path, {**entry, "status": "error",
@@ -189,7 +199,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         wall_s=outcome.wall_s, cpu_s=None, peak_memory_bytes=None,
         stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
         workspace=layout.project, record=run_dir.record_path if run_dir else "",
-        run_id=run_dir.run_id if run_dir else "",
+        run_id=run_dir.run_id if run_dir else "", denials=net.denials(),
     )
     if run_dir is not None:
         workspace.write_record(run_dir.record_path, {
@@ -199,11 +209,11 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
 
 
 def _launch(sb: Sandbox, policy: Policy, capture: bool, stdin: bytes | None,
-            facts: host.HostFacts) -> Outcome:
+            facts: host.HostFacts, extra_fds: Sequence[int] = ()) -> Outcome:
     bwrap_path = facts.require_bwrap()
     run = Launch(sb, capture=capture, stdin=stdin, output_cap=policy.limits.output_bytes,
                  timeout_s=policy.limits.timeout_s, bwrap_path=bwrap_path,
-                 host_hint=guard.userns_hint(facts))
+                 host_hint=guard.userns_hint(facts), extra_fds=extra_fds)
     try:
         run.start()
         return run.supervise()

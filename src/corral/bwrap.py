@@ -13,13 +13,14 @@ so :func:`build_ops` emits them in this documented order:
  2. the filesystem, ``Sandbox.mounts``, itself ordered by the function that
     built it: :func:`run_mounts` for ``corral run``, ``agent.agent_mounts``
     for ``corral agent`` and ``corral shell``
- 3. corral's init, as a read-only file under ``/run/corral``, then ``Sandbox.seal``
+ 3. corral's init (and ``Sandbox.files``, such as the egress bridge), read-only
+    under ``/run/corral``, then ``Sandbox.seal``
     (remounts that must follow every mount point, the init's included)
  4. environment (``--clearenv`` first), working directory, seccomp, status
 
 :func:`run_mounts` orders the run-mode filesystem as: ``/usr`` and its
-usr-merge symlinks; read-only ``/etc`` files, interpreter prefixes and user
-paths; ``/proc``, ``/dev``, sized ``/tmp`` and ``/dev/shm``; the workspace,
+usr-merge symlinks; ``/proc``, ``/dev``, sized ``/tmp`` and ``/dev/shm``;
+read-only ``/etc`` files, interpreter prefixes and user paths; the workspace,
 writable and bound by descriptor; generated files such as ``/etc/passwd``.
 Nothing is ever placed under the workspace (DESIGN fact 7).
 """
@@ -213,6 +214,7 @@ class Sandbox:
     gid: int
     disable_userns: bool
     mounts: tuple[Op, ...]  # the filesystem, in order: run_mounts() or agent.agent_mounts()
+    files: tuple[tuple[str, bytes], ...] = ()  # more read-only files beside the init's
     seal: tuple[Op, ...] = ()  # after the init file: remounts that make scaffolding read-only
     env: tuple[tuple[str, str], ...] = ()
     chdir: str = "/work"
@@ -268,10 +270,11 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
     ops: list[Op] = [RoBind("/usr", "/usr")]
     ops.extend(Symlink(target, link) for target, link in usr_links)
-    for m in base:
-        ops.extend(mount(m, made))
+    # Scratch before the read-only extras, so that an extra under /tmp is not covered.
     ops += [Kernel("--proc", "/proc"), Kernel("--dev", "/dev"),
             Tmpfs("/tmp", tmp_bytes, 0o1777), Tmpfs("/dev/shm", shm_bytes, 0o1777)]
+    for m in base:
+        ops.extend(mount(m, made))
     for m in writable:
         ops.extend(mount(m, made))
     for dest, content in files:
@@ -287,7 +290,9 @@ def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
     """
     ops: list[Op] = list(_namespace_flags(sb))
     ops.extend(sb.mounts)
-    ops += [Dir(os.path.dirname(INIT_PATH)), RoData(Data(INIT_PATH, sb.init_source), INIT_PATH)]
+    ops.append(Dir(os.path.dirname(INIT_PATH)))
+    for dest, content in ((INIT_PATH, sb.init_source), *sb.files):
+        ops.append(RoData(Data(dest, content), dest))
     ops.extend(sb.seal)
     ops.append(Flag(("--clearenv",)))  # before any --setenv (fact 11)
     ops.extend(SetEnv(name, value) for name, value in sb.env)

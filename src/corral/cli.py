@@ -43,6 +43,7 @@ def _common(p: argparse.ArgumentParser, profiles: str) -> None:
     p.add_argument("--allow", metavar="RELAXATION", action="append", default=[],
                    help="weaken one protection on purpose: " + ", ".join(_relaxations()))
     p.add_argument("--dry-run", action="store_true", help="print the sandbox and stop")
+    add_network_flags(p)
 
 
 def _agent_options(p: argparse.ArgumentParser) -> None:
@@ -72,11 +73,34 @@ def _run_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="capture output; print one JSON result")
 
 
+def add_network_flags(p: Any) -> None:
+    """--allow-domain, --deny-domain, --resolve: shared by run, agent and shell."""
+    p.add_argument("--allow-domain", metavar="NAME[:PORT]", action="append", default=[],
+                   help="let the command reach NAME (or *.NAME: its subdomains) through "
+                   "corral's proxy, on PORT or any port (repeatable)")
+    p.add_argument("--deny-domain", metavar="NAME[:PORT]", action="append", default=[],
+                   help="never let it reach NAME; wins over --allow-domain (repeatable)")
+    p.add_argument("--resolve", metavar="NAME:ADDRESS", action="append", default=[],
+                   help="resolve NAME to ADDRESS for this run, which it may then reach "
+                   "even if it is loopback or private (repeatable)")
+
+
+def network_from_args(network: Any, args: argparse.Namespace) -> Any:
+    """The profile's network rules plus those given as flags."""
+    from .egress.rules import parse_pin
+    from .policy import Network
+
+    return Network(allow=(*network.allow, *args.allow_domain),
+                   deny=(*network.deny, *args.deny_domain),
+                   resolve=(*network.resolve, *(parse_pin(p) for p in args.resolve)))
+
+
 def _agent_parsers(sub: Any) -> None:
     a = sub.add_parser("agent", help="run a coding agent in this project directory",
                        usage="corral agent [options] -- AGENT [ARG...]",
                        description="Run AGENT with this directory writable, the rest of the "
-                       "system read-only, the home directory hidden, and no network.")
+                       "system read-only, the home directory hidden, and network only to the "
+                       "profile's model API (and --allow-domain names) through corral's proxy.")
     _common(a, "claude, codex, pi, aider, gemini, generic, or a TOML file "
                "(default: from AGENT's name)")
     _agent_options(a)
@@ -84,8 +108,8 @@ def _agent_parsers(sub: Any) -> None:
                        usage="corral shell [options] (-c CMD | -- ARGV...)",
                        description="Run CMD with /bin/bash -c (or /bin/sh), or ARGV as given, "
                        "in this project directory, with the same filesystem rules as corral "
-                       "agent and no network: per-command isolation for agents that let you "
-                       "set a shell or a command prefix.")
+                       "agent and no network unless --allow-domain: per-command isolation for "
+                       "agents that let you set a shell or a command prefix.")
     _common(s, "generic (default), an agent's profile, or a TOML file")
     _agent_options(s)
     s.add_argument("-c", dest="command", metavar="CMD", help="the command, run by the shell")
@@ -176,6 +200,7 @@ def _policy(args: argparse.Namespace, default_profile: str) -> Any:
     allow = replace(policy.allow, **{a.replace("-", "_"): True for a in args.allow})
     changes: dict[str, Any] = {
         "limits": limits, "allow": allow, "user": args.user,
+        "network": network_from_args(policy.network, args),
         "read_only": policy.read_only + tuple(os.path.abspath(p) for p in args.ro),
     }
     if hasattr(args, "venv"):
@@ -249,9 +274,9 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
         if args.verb != "agent":
             return
         print(note_environment(sb), file=sys.stderr)
-        if policy.network.allow:
-            print("corral: no network: this build has no egress proxy yet, so "
-                  f"{', '.join(policy.network.allow)} cannot be reached", file=sys.stderr)
+        allowed = policy.network.allow
+        print("corral: network: " + (f"only {', '.join(allowed)}, through corral's proxy"
+                                     if allowed else "none"), file=sys.stderr)
 
     result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
                            record=args.verb == "agent", announce=announce)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import seccomp
 from .host import HostFacts, detect
 
 __all__ = ["assess", "render_text", "report"]
@@ -27,24 +28,42 @@ def _userns(facts: HostFacts) -> tuple[bool, str]:
     return True, f"available (max {facts.userns_max})"
 
 
+def _landlock(abi: int) -> str:
+    """What the init will hand Landlock on this kernel."""
+    if abi < 1:
+        return "kernel has no Landlock: runs refuse to start (needs --allow no-landlock)"
+    rights = ["write", "remove", "create"] + ["refer"] * (abi >= 2) + ["truncate"] * (abi >= 3)
+    return f"Landlock ABI {abi}: {', '.join(rights)} only beneath writable paths"
+
+
+def _seccomp(facts: HostFacts) -> tuple[bool, str]:
+    version = facts.libseccomp
+    if version is None:
+        return False, "libseccomp.so.2 not found: runs refuse to start (needs --allow no-seccomp)"
+    if tuple(int(n) for n in version.split(".")) < seccomp.MIN_VERSION:
+        return False, f"libseccomp {version} is older than 2.5: runs refuse to start " \
+                      "(needs --allow no-seccomp)"
+    return True, f"libseccomp {version}: {seccomp.summary()}"
+
+
 def assess(facts: HostFacts) -> dict[str, Any]:
     """Facts and protections as a JSON-ready report."""
     userns_ok, userns_note = _userns(facts)
+    has_seccomp, seccomp_note = _seccomp(facts)
     version = ".".join(map(str, facts.bwrap_version)) if facts.bwrap_version else None
     protections = [
         ("namespaces", facts.bwrap is not None and userns_ok,
          "mount, PID, network (loopback only), IPC, UTS and cgroup namespaces via bwrap"),
         ("no-nested-userns",
-         facts.is_root or facts.can_disable_userns,
+         has_seccomp if facts.is_root else facts.can_disable_userns,
          "seccomp denies new user namespaces (root mode)" if facts.is_root else
          "bwrap --disable-userns" if facts.can_disable_userns else
          "unavailable: bwrap is setuid or older than 0.8 (needs --allow nested-userns)"),
         ("unprivileged-payload", True,
          "root mode: init drops to an unprivileged uid" if facts.is_root else
          "the payload keeps your uid and no capabilities"),
-        ("landlock-writes", facts.landlock_abi >= 1,
-         f"Landlock ABI {facts.landlock_abi}: writes only beneath writable paths"
-         if facts.landlock_abi else "kernel has no Landlock (needs --allow no-landlock)"),
+        ("seccomp", has_seccomp, seccomp_note),
+        ("landlock-writes", facts.landlock_abi >= 1, _landlock(facts.landlock_abi)),
         ("landlock-scopes", facts.landlock_abi >= 6,
          "abstract unix sockets and signals scoped to the sandbox" if facts.landlock_abi >= 6
          else "needs Landlock ABI 6"),
@@ -53,7 +72,8 @@ def assess(facts: HostFacts) -> dict[str, Any]:
         ("wall-clock", True, "timeout kills the sandbox's PID 1, ending its PID namespace"),
     ]
     return {
-        "ready": facts.bwrap is not None and userns_ok,
+        "ready": (facts.bwrap is not None and userns_ok and has_seccomp
+                  and facts.landlock_abi >= 1),
         "bwrap": {"path": facts.bwrap, "version": version, "setuid": facts.bwrap_setuid,
                   "disable_userns": facts.can_disable_userns},
         "user": {"euid": facts.euid, "root_mode": facts.is_root},

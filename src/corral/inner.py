@@ -9,10 +9,15 @@ corral's checkout or virtualenv.  In order, it:
     can read a process's command line);
  2. started by root, drops the capability bounding set, then to the payload's
     uid and gid (bwrap ran as root so that it could mount what root can read);
- 3. forks; the child sets rlimits, applies Landlock, moves the real stderr in
-    place, closes every other descriptor and execs the payload;
- 4. the parent reports "started" once the exec has succeeded, waits, reports
-    how the payload ended on the status descriptor, and exits the same way.
+ 3. with egress, starts the bridge (``/run/corral/bridge.py``): listening on
+    127.0.0.1 *before* the fork, so the payload's first request never races it;
+ 4. forks; the child sets rlimits, applies Landlock, stacks the payload's own
+    seccomp filter when the config has one (bwrap's filter already covers
+    this whole process tree), moves the real stderr in place, closes every
+    other descriptor and execs the payload;
+ 5. the parent reports "started" once the exec has succeeded, waits (serving
+    the bridge meanwhile), reports how the payload ended on the status
+    descriptor, and exits the same way.
 
 A setup failure is reported as an ``error`` event and exit status 125, so
 the launcher can tell it from the payload's own failures.
@@ -45,7 +50,10 @@ FS_TRUNCATE = 1 << 14  # ABI 3
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1  # ABI 6
 PR_SET_DUMPABLE = 4
+PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_MODE_FILTER = 2
 
 RLIMITS = {"nofile": resource.RLIMIT_NOFILE, "fsize": resource.RLIMIT_FSIZE,
            "core": resource.RLIMIT_CORE, "cpu": resource.RLIMIT_CPU,
@@ -131,6 +139,22 @@ def _add_rule(libc: ctypes.CDLL, ruleset: int, path: str, rights: int) -> None:
         os.close(fd)
 
 
+class SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+def install_filter(program: bytes) -> None:
+    """Stack a seccomp BPF program (compiled on the host) on this process and its children."""
+    libc = _libc()
+    code = ctypes.create_string_buffer(program, len(program))
+    fprog = SockFprog(len(program) // 8, ctypes.cast(code, ctypes.c_void_p))
+    one, mode = ctypes.c_ulong(1), ctypes.c_ulong(SECCOMP_MODE_FILTER)
+    if (libc.prctl(PR_SET_NO_NEW_PRIVS, one, 0, 0, 0) != 0
+            or libc.prctl(PR_SET_SECCOMP, mode, ctypes.byref(fprog), 0, 0) != 0):
+        raise SetupError("cannot install the payload's seccomp filter: "
+                         f"{os.strerror(ctypes.get_errno())}")
+
+
 def drop_to(uid: int, gid: int) -> None:
     """Started by root without a user namespace: become uid/gid with no capabilities."""
     libc = _libc()
@@ -165,6 +189,8 @@ def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
         set_rlimits(cfg.get("rlimits", {}))
         if cfg.get("landlock") is not None:
             apply_landlock(cfg["landlock"])
+        if cfg.get("payload_seccomp"):
+            install_filter(bytes.fromhex(cfg["payload_seccomp"]))
         stderr_fd = cfg.get("stderr_fd")
         if stderr_fd is not None:
             os.dup2(stderr_fd, 2)
@@ -179,6 +205,17 @@ def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
         message = f"{type(e).__name__}: {e}"
     os.write(report_w, message.encode(errors="replace")[:4000])
     os._exit(SETUP_FAILED)
+
+
+def start_bridge(cfg: dict[str, Any]) -> Any:
+    """The egress bridge, listening, or None without egress (see corral/egress/bridge.py)."""
+    spec = cfg.get("egress")
+    if spec is None:
+        return None
+    scope: dict[str, Any] = {"__name__": "corral_bridge"}
+    with open(spec["path"], "rb") as f:
+        exec(compile(f.read(), spec["path"], "exec"), scope)
+    return scope["Bridge"](spec)
 
 
 class Reporter:
@@ -204,6 +241,7 @@ def run(config_fd: int, argv: list[str]) -> int:
         if cfg.get("uid") is not None and os.getuid() == 0:
             drop_to(int(cfg["uid"]), int(cfg["gid"]))
         _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the payload may not read our fds
+        bridge = start_bridge(cfg)
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
     except (SetupError, OSError) as e:
@@ -220,7 +258,7 @@ def run(config_fd: int, argv: list[str]) -> int:
         report.send(event="error", message=failure.decode(errors="replace"))
         return SETUP_FAILED
     report.send(event="started", pid=pid)
-    _, status = os.waitpid(pid, 0)
+    status = os.waitpid(pid, 0)[1] if bridge is None else bridge.serve(pid)
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))
         return 128 + os.WTERMSIG(status)

@@ -129,11 +129,9 @@ class Network:
     resolve: tuple[tuple[str, str], ...] = ()  # NAME -> ADDRESS pins, like curl --resolve
 
     def __post_init__(self) -> None:
-        for rule in (*self.allow, *self.deny):
-            if not rule or any(c.isspace() for c in rule) or "/" in rule:
-                raise UsageError(f"network rule {rule!r} is not a host name",
-                                 "rules are NAME, *.NAME, NAME:PORT or *.NAME:PORT",
-                                 "write it like api.example.com or *.example.com:443")
+        from .egress.rules import parse_network  # pure; raises UsageError saying why
+
+        parse_network(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,10 +139,9 @@ class Allow:
     """Named relaxations.  Each one weakens the sandbox; all default to off."""
 
     nested_userns: bool = False  # run where bwrap cannot --disable-userns (setuid, < 0.8)
-    no_seccomp: bool = False  # run without the seccomp filter (libseccomp missing)
+    no_seccomp: bool = False  # run where the seccomp filter cannot be built (no libseccomp)
     no_landlock: bool = False  # run without Landlock, or with less than the policy needs
     unenforced_limits: bool = False  # run when a requested limit cannot be enforced here
-    unix_sockets: bool = False  # let the payload create AF_UNIX sockets
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -168,6 +165,7 @@ class Policy:
     home: str | None = None  # agent mode: the agent's home directory, instead of the owner's
     venv: str | None = None  # a virtualenv, read-only, first on PATH
     user: str | None = None  # started by root: who the payload runs as (NAME or UID[:GID])
+    unix_sockets: bool = True  # False: the payload's socket(AF_UNIX) fails (socketpair works)
     allow: Allow = field(default_factory=Allow)
 
     def __post_init__(self) -> None:

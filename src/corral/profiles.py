@@ -14,7 +14,9 @@ Schema (every key optional)::
     [filesystem]  read_only, writable, hidden = ["/abs/path", "~/in/home"]
                   protect, allow_secrets = ["name or glob"]  (agent mode)
     [network]     allow = ["api.example.com", "*.example.com:443"]   deny = [...]
-    [allow]       nested-userns, no-seccomp, no-landlock, unenforced-limits, unix-sockets
+                  resolve = { "api.test" = "127.0.0.1" }  (pins, like --resolve)
+    [ipc]         unix_sockets = false   (default true: may the payload create AF_UNIX sockets)
+    [allow]       nested-userns, no-seccomp, no-landlock, unenforced-limits
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ SECTIONS: dict[str, dict[str, Check] | Check] = {
     "env": {"set": _string_table, "pass": _strings},
     "filesystem": {"read_only": _strings, "writable": _strings, "hidden": _strings,
                    "protect": _strings, "allow_secrets": _strings},
-    "network": {"allow": _strings, "deny": _strings},
+    "network": {"allow": _strings, "deny": _strings, "resolve": _string_table},
+    "ipc": {"unix_sockets": _bool},
     "allow": dict.fromkeys(Allow.names(), _bool),
 }
 
@@ -151,7 +154,8 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
         return Policy(
             name=name,
             limits=replace(Limits(), **{LIMITS[k][0]: v for k, v in limits.items()}),
-            network=Network(allow=net.get("allow", ()), deny=net.get("deny", ())),
+            network=Network(allow=net.get("allow", ()), deny=net.get("deny", ()),
+                            resolve=net.get("resolve", ())),
             env=env.get("set", ()),
             pass_env=env.get("pass", ()),
             read_only=fs.get("read_only", ()),
@@ -159,6 +163,7 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
             hidden=fs.get("hidden", ()),
             protect=fs.get("protect", ()),
             allow_secrets=fs.get("allow_secrets", ()),
+            unix_sockets=p.get("ipc", {}).get("unix_sockets", True),
             allow=Allow(**{k.replace("-", "_"): v for k, v in allow.items()}),
         )
     except UsageError as e:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from . import seccomp
 from .bwrap import Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
@@ -320,6 +321,17 @@ def init_source() -> bytes:
     return resources.files("corral").joinpath("inner.py").read_bytes()
 
 
+def kernel_layers(policy: Policy, host: HostFacts, uid: int, gid: int,
+                  writable: Sequence[str]) -> tuple[dict[str, Any], bytes | None]:
+    """The init's config (identity, rlimits, Landlock, the payload's own seccomp
+    filter) and bwrap's seccomp program.  Fails closed unless ``--allow no-seccomp``."""
+    filters = seccomp.for_policy(policy)
+    config = init_config(policy, host, uid, gid, writable)
+    if filters is not None and filters.payload is not None:
+        config["payload_seccomp"] = filters.payload.hex()
+    return config, filters.sandbox if filters is not None else None
+
+
 def init_config(policy: Policy, host: HostFacts, uid: int, gid: int,
                 writable: Sequence[str]) -> dict[str, Any]:
     """The JSON the in-sandbox init reads (the launcher adds descriptor numbers)."""
@@ -372,11 +384,12 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
     if command.argv[0].startswith("/") and not _is_under(bindir, (WORKDIR,)):
         path.insert(len(path) - len(SYSTEM_PATH), bindir)  # its siblings (pip, npm) come first
     base.extend(Mount(p, p) for p in dict.fromkeys(prefixes))
+    config, program = kernel_layers(policy, host, uid, gid, [WORKDIR])
     return Sandbox(
         argv=command.argv,
         init_python=host.python,
         init_source=init_source(),
-        init_config=init_config(policy, host, uid, gid, [WORKDIR]),
+        init_config=config,
         root_mode=host.is_root,
         uid=uid,
         gid=gid,
@@ -386,4 +399,5 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
             _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes)),
         env=_environment(policy, path, extra_env),
         chdir=WORKDIR,
+        seccomp=program,
     )

@@ -268,14 +268,42 @@ def _sha256(dir_fd: int, name: str, budget: list[int]) -> str | None:
         os.close(fd)
 
 
+def _strip_setid(dir_fd: int, name: str, st: os.stat_result) -> bool:
+    """Remove set-user-ID and set-group-ID bits from a file the payload left behind.
+
+    A set-ID program in a workspace that other local users can reach would run
+    with the owner's identity; nothing a sandboxed payload writes deserves that.
+    """
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return False
+    try:
+        now = os.fstat(fd)
+        if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev) or not stat.S_ISREG(now.st_mode):
+            return False
+        os.fchmod(fd, stat.S_IMODE(now.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
 def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
-    """What the run created, modified or deleted; and whether the list was cut short."""
+    """What the run created, modified or deleted; and whether the list was cut short.
+
+    Regular files lose any set-user-ID or set-group-ID bit on the way.
+    """
     changes: list[Change] = []
     seen: set[str] = set()
     budget = [MAX_HASHED]
     truncated = False
     for path, st, fd in _walk(root):
         seen.add(path)
+        if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+            _strip_setid(fd, os.path.basename(path), st)
+            st = os.stat(os.path.basename(path), dir_fd=fd, follow_symlinks=False)
         kind = _type(st.st_mode)
         stamp = (kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
         old = before.get(path)

@@ -1,0 +1,106 @@
+"""Agent start-up: ``corral agent -- /bin/true`` against sandbox-runtime's ``srt -- /bin/true``.
+
+Issue 3's target: corral's agent start-up at most one third of srt's time,
+with and without the egress proxy.  Both tools run from the same project
+directory, interleaved in the same run, so machine noise hits both alike.
+Results go to bench/RESULTS.md between this script's markers.
+
+    .venv/bin/python bench/agent.py [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+BEGIN, END = "<!-- bench/agent.py:begin -->", "<!-- bench/agent.py:end -->"
+
+
+def timed(cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, check=False)
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed ({proc.returncode}): {proc.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def interleaved(cases: dict[str, Callable[[], float]], runs: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for case in cases.values():  # warm caches once each
+        case()
+    for _ in range(runs):
+        for name, case in cases.items():
+            times[name].append(case())
+    return times
+
+
+def write_section(text: str) -> None:
+    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
+    if BEGIN in old:
+        head, _, rest = old.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        new = f"{head}{BEGIN}\n{text}{END}{tail}"
+    else:
+        new = f"{old.rstrip()}\n\n{BEGIN}\n{text}{END}\n"
+    RESULTS.write_text(new)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="corral-bench-agent-", dir="/var/tmp"))
+    home, project = base / "home", base / "home" / "dev" / "proj"
+    project.mkdir(parents=True)
+    (project / "README.md").write_text("bench\n")
+    if os.geteuid() == 0:  # corral runs an agent as the project's owner, never as root
+        for p in [base, *base.rglob("*")]:
+            os.chown(p, 65534, 65534)
+    env = {**os.environ, "HOME": str(home)}
+    corral = [sys.executable, "-m", "corral", "agent", "--home", str(home)]
+    cases: dict[str, Callable[[], float]] = {
+        "corral agent (generic: no network)":
+            lambda: timed([*corral, "--profile", "generic", "--", "/bin/true"], project, env),
+    }
+    srt = shutil.which("srt")
+    if srt:
+        cases["srt -- /bin/true"] = lambda: timed([srt, "--", "/bin/true"], project, env)
+    try:
+        times = interleaved(cases, args.runs)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    medians = {name: statistics.median(ts) * 1000 for name, ts in times.items()}
+    lines = [f"## Agent start-up (`bench/agent.py`, {time.strftime('%Y-%m-%d')})", "",
+             f"{args.runs} interleaved runs each, medians, on {os.cpu_count()} cores, "
+             f"as {'root' if os.geteuid() == 0 else 'a plain user'}.", "",
+             "| command | median ms | vs srt |", "|---|---:|---:|"]
+    ref = medians.get("srt -- /bin/true")
+    for name, ms in medians.items():
+        ratio = f"{ms / ref:.2f}x" if ref else "n/a"
+        lines.append(f"| `{name}` | {ms:.1f} | {ratio} |")
+    if ref is None:
+        lines += ["", "srt is not installed here (`npm install -g @anthropic-ai/sandbox-runtime`, "
+                  "plus `ripgrep` and `socat`), so there is no ratio."]
+    else:
+        mine = medians["corral agent (generic: no network)"]
+        verdict = "meets" if mine <= ref / 3 else "misses"
+        lines += ["", f"Target: at most 1/3 of srt's time ({ref / 3:.1f} ms): corral "
+                  f"{verdict} it ({mine / ref:.2f}x)."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    write_section(text)
+
+
+if __name__ == "__main__":
+    main()

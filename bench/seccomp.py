@@ -1,0 +1,92 @@
+"""What the seccomp filter costs a launch: compile once per process, then per run.
+
+    .venv/bin/python bench/seccomp.py [RUNS]
+
+Prints, as medians:
+
+* the first ``programs()`` call in a fresh interpreter (load libseccomp,
+  compile both programs) and a cached call;
+* launching ``/bin/true`` through corral's resolve + launch with the filters
+  (bwrap's ``--seccomp`` and the payload filter of the python profile),
+  and the same sandbox without them, interleaved, with their ratio;
+* raw bwrap (the seed recipe) launching ``/bin/true``, for scale.
+
+Ratios come from the same run; absolute times depend on the machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+from corral import api, host, launch, resolve, seccomp
+from corral.profiles import load_profile
+
+COLD = ("import time; t = time.perf_counter(); from corral import seccomp; "
+        "a = time.perf_counter(); seccomp.programs(False); b = time.perf_counter(); "
+        "seccomp.programs(False); c = time.perf_counter(); print(a - t, b - a, c - b)")
+RAW = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib",
+       "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
+       "--unshare-all", "--new-session", "--die-with-parent", "--clearenv", "--cap-drop", "ALL",
+       "--", "/bin/true"]
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.2f} ms"
+
+
+def cold(runs: int) -> None:
+    samples = [tuple(map(float, subprocess.run([sys.executable, "-c", COLD], check=True,
+                                               capture_output=True, text=True).stdout.split()))
+               for _ in range(runs)]
+    for i, what in enumerate(("import corral (the package)", "first programs(): load + compile",
+                              "cached programs()")):
+        print(f"{what:<40} {statistics.median(s[i] for s in samples) * 1e6:9.1f} us")
+
+
+def launches(runs: int) -> None:
+    policy = load_profile("python")
+    facts = host.detect()
+    bwrap = facts.require_bwrap()
+    run_dir, (uid, gid) = api.prepare(policy, workspace_dir=None, inputs=(), runs_dir=None,
+                                      facts=facts)
+
+    def once(filtered: bool) -> float:
+        start = time.perf_counter()
+        sb = resolve.resolve_run(policy, ["/bin/true"], facts, run_dir.workspace, uid, gid)
+        if not filtered:
+            config = {k: v for k, v in sb.init_config.items() if k != "payload_seccomp"}
+            sb = replace(sb, seccomp=None, init_config=config)
+        out = launch.launch(sb, capture=True, stdin=None, output_cap=1 << 16, timeout_s=60,
+                            bwrap_path=bwrap)
+        assert out.exit_code == 0, out
+        return time.perf_counter() - start
+
+    def raw() -> float:
+        start = time.perf_counter()
+        subprocess.run([bwrap, *RAW], check=True, env={})
+        return time.perf_counter() - start
+
+    seccomp.programs(False)  # compiled once, as in any long-lived caller
+    times: dict[str, list[float]] = {"with filters": [], "without": [], "raw bwrap": []}
+    for _ in range(runs):
+        times["with filters"].append(once(True))
+        times["without"].append(once(False))
+        times["raw bwrap"].append(raw())
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for what, value in med.items():
+        print(f"launch /bin/true, {what:<26} {ms(value)}")
+    print(f"with / without filters: {med['with filters'] / med['without']:.3f}x")
+
+
+def main() -> None:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    cold(min(runs, 15))
+    launches(runs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Egress: the only way out of a sandbox, through corral's filtering proxy.
+
+    rules    which names, ports and addresses may be reached (pure)
+    http     strict HTTP/1.x request heads: parse, check, rewrite (pure)
+    socks    SOCKS5 CONNECT (pure)
+    proxy    the host-side asyncio proxy of one run
+    relay    moving a tunnel's bytes
+    log      the run's decision log (``egress.jsonl``)
+    session  one run's proxy session, and :func:`attach` for the sandbox
+    bridge   the in-sandbox bridge, run by corral's init (standard library only)
+
+Names are imported lazily: :mod:`corral.policy` validates rules through
+:mod:`.rules` and must not pay for asyncio.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__all__ = ["Bridge", "Decision", "NoEgress", "Rules", "Session", "attach", "compile_rules",
+           "open_session", "proxy_env"]
+
+_WHERE = {"Decision": "rules", "Rules": "rules", "compile_rules": "rules",
+          "Bridge": "session", "NoEgress": "session", "Session": "session", "attach": "session",
+          "open_session": "session", "proxy_env": "session"}
+
+if TYPE_CHECKING:
+    from .rules import Decision, Rules, compile_rules
+    from .session import Bridge, NoEgress, Session, attach, open_session, proxy_env
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'corral.egress' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
