@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,8 @@ def test_report_puts_failures_first_and_ends_with_one_verdict() -> None:
     assert data["verdict"] == "fail" and data["failed"] == 1 and data["run"] == "run1"
     assert set(data["checks"][0]) == {"id", "category", "attempted", "expected", "observed",
                                       "passed"}
-    lines = render_text(report, 100).splitlines()
+    lines = render_text(report).splitlines()
+    assert max(len(line) for line in render_text(report, 30).splitlines()[:-1]) <= 30
     assert lines.index(next(line for line in lines if "writes-b" in line)) < lines.index(
         next(line for line in lines if "writes-a" in line))
     assert lines[-1].startswith("verdict: FAIL: 1 of 2 checks failed (writes-b)")
@@ -246,11 +248,16 @@ def probe(who: Identity, *args: str, env: dict[str, str] | None = None) -> dict[
 
 
 def assert_cleaned_up(run: str) -> None:
+    """No path, process or keyring key of the run is left (keys go once unreferenced)."""
     tag = f"corral-probe-{run}"
     for where in LEFTOVER_DIRS:
         with contextlib.suppress(OSError):
             assert not [n for n in os.listdir(where) if n.startswith(tag)], where
     assert processes_with(tag) == [] and processes_with(f"CANARY-{run}-") == []
+    deadline = time.monotonic() + 10
+    while tag in Path("/proc/keys").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert tag not in Path("/proc/keys").read_text()
 
 
 @pytest.mark.parametrize("profile", builtin_profiles())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -290,7 +291,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from .probe import launcher_for, probe, render_text
 
     report = probe(launcher_for(args.launcher, args.profile), args.check)
-    print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report))
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report, width))
     return 0 if report.passed else 1
 
 

@@ -190,7 +190,7 @@ def bounded(bound: int, unit: str) -> Judge:
         if r.get("ok") is None:
             return False, str(r.get("detail"))
         count = int(r.get("count", reached))
-        return count < bound, f"{r.get('detail')} (bound {show(bound)})"
+        return count < bound, f"{r.get('detail')}: reached {show(count)} of {show(bound)}"
     return judge
 
 

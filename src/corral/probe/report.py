@@ -7,7 +7,6 @@ check passed), ``launcher``, counts, and ``checks``, a list of objects with
 
 from __future__ import annotations
 
-import shutil
 import textwrap
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -51,8 +50,10 @@ class Report:
 
 
 def render_text(report: Report, width: int | None = None) -> str:
-    """Grouped by category, failures first in each, one line per check, then the verdict."""
-    width = width or min(shutil.get_terminal_size((110, 24)).columns, 160)
+    """Grouped by category, failures first in each, one line per check, then the verdict.
+
+    Lines are cut at ``width`` (a terminal's); None keeps them whole.
+    """
     name_w = max((len(c.id) for c in report.checks), default=10)
     lines = [f"corral probe: {report.launcher}", ""]
     for key, title in CATEGORIES.items():
@@ -60,7 +61,7 @@ def render_text(report: Report, width: int | None = None) -> str:
         if not group:
             continue
         bad = [c for c in group if not c.passed]
-        lines.append(f"{title} ({len(group)} checks, {len(bad)} failed)")
+        lines.append(_fit(f"{title} ({len(group)} checks, {len(bad)} failed)", width))
         for c in [*bad, *(c for c in group if c.passed)]:
             head = f"  {'FAIL' if not c.passed else 'pass'}  {c.id:<{name_w}}  "
             text = c.observed if c.passed else f"{c.observed}  [expected: {c.expected}]"
@@ -78,8 +79,8 @@ def verdict_line(report: Report) -> str:
     return f"verdict: FAIL: {len(bad)} of {total} checks failed ({names}) ({report.wall_s:.1f} s)"
 
 
-def _fit(line: str, width: int) -> str:
-    return line if len(line) <= width else line[:width - 1] + "…"
+def _fit(line: str, width: int | None) -> str:
+    return line if width is None or len(line) <= width else line[:width - 1] + "…"
 
 
 def markdown(checks: Iterable[Check]) -> str:
