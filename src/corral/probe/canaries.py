@@ -212,7 +212,7 @@ class Site:
         self.run = secrets.token_hex(6)
         self.listeners = Listeners()
         self.holder: subprocess.Popen[bytes] | None = None
-        self.root = os.path.join(self.base_dir, f"corral-probe-{self.run}")
+        self.root = os.path.join(os.path.realpath(self.base_dir), f"corral-probe-{self.run}")
         self.before: dict[str, tuple[str, str, str]] = {}
         self.planted: dict[str, tuple[str, int]] = {}  # path -> (content, mode)
 
@@ -306,8 +306,15 @@ class Site:
         return None if change is None else f"{self.plant.show(path)}: {change}"
 
     def restore(self, path: str) -> None:
-        """Put back what a launch changed, so that the next launch is judged on its own."""
+        """Put back what a launch changed, so that the next launch is judged on its own.
+
+        Only inside the probe's own tree, reached without symlinks: the sandbox had it
+        writable, and this process may be root.
+        """
         if state(path) == self.before.get(path, ("absent", "", "")):
+            return
+        parent = os.path.dirname(path)
+        if os.path.realpath(parent) != parent or not parent.startswith(self.root + "/"):
             return
         remove(path)
         if path not in self.planted:
