@@ -59,8 +59,8 @@ CRAFTED = {  # checks that `none` does not exercise here -> a launcher lacking t
 }
 HOST_SETTLED = {  # a plain user is stopped by the host's own permissions, sandbox or not
     "writes-etc", "writes-usr-local-bin", "writes-root-dir", "secrets-etc-shadow",
-    "secrets-root-home", "network-raw-socket", "network-packet-socket", "privilege-host-uid",
-    "privilege-capabilities", "privilege-mount", "privilege-bpf",
+    "secrets-root-home", "secrets-root-listing", "network-raw-socket", "network-packet-socket",
+    "privilege-host-uid", "privilege-capabilities", "privilege-mount", "privilege-bpf",
 }
 SEED_FAILURES = {"secrets-fake-creds", "network-tcp-loopback", "launch-from-home"}
 

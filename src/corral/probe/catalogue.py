@@ -211,6 +211,9 @@ SECRETS = (
     read("secrets-root-home", "read a canary in root's home (planted there when the probe "
          "runs as root)", "{root_home}/{tag}", "root-home",
          "root's home holds the host's own credentials"),
+    Check("secrets-root-listing", "secrets", "list /root", "the canary's name is not visible",
+          "file names in root's home tell which credentials the host has", names_hidden,
+          attempts=(attempt("list", path="{root_home}", names=("{tag}",)),)),
     Check("secrets-other-homes", "secrets", "list /home", "unreadable or empty",
           "other users' homes hold their credentials", empty_or_refused,
           attempts=(attempt("list", path="/home"),)),
