@@ -339,7 +339,7 @@ def in_child(work: Callable[[Report], Any], report: Report | None = None,
         except OSError as e:
             send({"result": refused(why(e))})
         except BaseException as e:
-            send({"result": {"ok": None, "detail": repr(e)}})
+            send({"result": {"ok": None, "detail": f"battery error: {e!r}"}})
             code = 1
         os._exit(code)
     os.close(w)

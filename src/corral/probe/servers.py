@@ -10,6 +10,7 @@ a sandbox that hides the paths reaches no pathname socket.
 from __future__ import annotations
 
 import os
+import select
 import selectors
 import socket
 import threading
@@ -58,6 +59,7 @@ class Listeners:
         for name, address in addresses.items():
             sock = bind(name, address)
             if sock is not None:
+                sock.setblocking(False)  # two threads may try the same accept(): one gets EAGAIN
                 self.sockets[name] = sock
         self.wake_r, self.wake_w = socket.socketpair()
         self.thread = threading.Thread(target=self._serve, name="corral-probe-canaries",
@@ -89,6 +91,11 @@ class Listeners:
             self.events.append((name, str(peer) or "a local peer"))
 
     def seen(self, name: str) -> list[str]:
+        """Who reached ``name`` so far, counting a connection still waiting to be accepted
+        (a client's connect() succeeds before the serving thread gets to it)."""
+        sock = self.sockets.get(name)
+        if sock is not None and select.select([sock], [], [], 0)[0]:
+            self._record(name, sock)
         with self.lock:
             return [peer for server, peer in self.events if server == name]
 
