@@ -1,8 +1,8 @@
 """corral probe's battery: attempts made INSIDE the sandbox under test.
 
 Run as ``python3 battery.py LAUNCH CONFIG_JSON`` by whatever launcher is being
-audited, so it uses the standard library only and never imports corral
-(under a foreign launcher corral is not there).  It judges nothing: each
+audited, so it uses the standard library only (Python 3.9 or newer) and never
+imports corral (under a foreign launcher corral is not there).  It judges nothing: each
 attempt in ``CONFIG["attempts"]`` is made and reported as one JSON line on
 stdout, prefixed with ``@@corral-probe@@``::
 
