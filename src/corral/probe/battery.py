@@ -170,7 +170,8 @@ def op_read(b: Battery, a: Result, _: Report) -> Result:
 def op_list(b: Battery, a: Result, _: Report) -> Result:
     names = os.listdir(a["path"])
     seen = sorted(n for n in names if n in a.get("names", ()))
-    return done(f"{len(names)} entries", count=len(names), names=seen)
+    return done(f"{len(names)} entr{'y' if len(names) == 1 else 'ies'}", count=len(names),
+                names=seen)
 
 
 # --- secrets outside files -------------------------------------------------------------
