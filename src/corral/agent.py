@@ -194,7 +194,8 @@ def _writable(policy: Policy, home: str, project: str, owner: tuple[int, int]) -
     for raw in policy.writable:
         path = _expand(raw, home).rstrip("/")
         if raw.endswith("/") and not os.path.lexists(path):
-            os.makedirs(path, mode=0o700)
+            # exist_ok: two agents started at once both find it missing (corral probe does)
+            os.makedirs(path, mode=0o700, exist_ok=True)
             if os.geteuid() == 0:
                 os.chown(path, *owner)
         if not os.path.lexists(path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -22,6 +23,7 @@ SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
        corral agent [options] -- AGENT [ARG...]
        corral shell [options] (-c CMD | -- ARGV...)
+       corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
        corral doctor [--json]"""
 
 
@@ -128,7 +130,25 @@ def _parser() -> Parser:
     _agent_parsers(sub)
     d = sub.add_parser("doctor", help="what this host supports and which protections hold")
     d.add_argument("--json", action="store_true")
+    _probe_parser(sub)
     return parser
+
+
+def _probe_parser(sub: Any) -> None:
+    p = sub.add_parser("probe", help="prove the sandbox on this machine: escape attempts",
+                       usage="corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]",
+                       description="Plant canaries (a fake home with fake credentials, "
+                       "loopback servers, a keyring key...), run a battery of escape attempts "
+                       "inside the sandbox, check the host afterwards.  Exit 0 only if every "
+                       "check passed.  See docs/probe.md.")
+    p.add_argument("--profile", metavar="NAME|FILE",
+                   help="the corral profile to audit (default: generic)")
+    p.add_argument("--launcher", metavar="'PREFIX ...'",
+                   help="audit another sandbox: a command prefix ($PWD and $HOME are "
+                   "replaced), 'naive' (the seed's bwrap line) or 'none' (no sandbox)")
+    p.add_argument("--check", metavar="ID|CATEGORY", action="append", default=[],
+                   help="only these checks (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -267,6 +287,15 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
     return result.exit_code
 
 
+def cmd_probe(args: argparse.Namespace) -> int:
+    from .probe import launcher_for, probe, render_text
+
+    report = probe(launcher_for(args.launcher, args.profile), args.check)
+    width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report, width))
+    return 0 if report.passed else 1
+
+
 def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import render_text, report
 
@@ -285,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):
             code = cmd_agent(args, cmd)
+        elif args.verb == "probe" and not cmd:
+            code = cmd_probe(args)
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
