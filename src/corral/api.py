@@ -11,10 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import guard, host, resolve, workspace
+from . import enforce, guard, host, resolve, workspace
 from .bwrap import Sandbox
 from .errors import UsageError
-from .launch import Launch, Outcome
 from .policy import Policy
 from .workspace import Change, RunDir
 
@@ -40,6 +39,7 @@ class Result:
     changes: tuple[Change, ...] = ()
     changes_truncated: bool = False
     denials: tuple[dict[str, Any], ...] = field(default=())
+    unenforced_limits: tuple[str, ...] = ()  # requested, not enforceable here, allowed by name
 
     @property
     def ok(self) -> bool:
@@ -58,6 +58,7 @@ class Result:
             "truncated": self.truncated, "workspace": self.workspace, "record": self.record,
             "run_id": self.run_id, "changes": [c.to_json() for c in self.changes],
             "changes_truncated": self.changes_truncated, "denials": list(self.denials),
+            "unenforced_limits": list(self.unenforced_limits),
         }
 
 
@@ -96,6 +97,7 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
     """The sandbox :func:`run` would start, checked the same way, creating nothing."""
     policy = policy or Policy()
     facts = host.detect()
+    enforce.check(policy, facts)
     workspace.check_inputs(inputs)
     if workspace_dir is not None:
         ws = guard.check_workspace(workspace_dir)
@@ -118,6 +120,7 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     """
     policy = policy or Policy()
     facts = host.detect()
+    cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
     run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir, inputs=inputs,
                                   runs_dir=runs_dir, facts=facts)
     sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
@@ -129,33 +132,27 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     }
     workspace.write_record(run_dir.record_path, record)
     try:
-        outcome = _launch(sb, policy, capture, stdin, facts)
+        bwrap_path = facts.require_bwrap()
+        limited = enforce.launch_limited(
+            sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace, capture=capture,
+            stdin=stdin, output_cap=policy.limits.output_bytes, timeout_s=policy.limits.timeout_s,
+            bwrap_path=bwrap_path, host_hint=guard.userns_hint(facts))
     except Exception as e:
         record.update(status="error", error=str(e))
         workspace.write_record(run_dir.record_path, record)
         raise
     changes, cut = workspace.collect(run_dir.workspace, before)
+    outcome, used = limited.outcome, limited.usage
     result = Result(
         exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
-        wall_s=outcome.wall_s, cpu_s=None, peak_memory_bytes=None,
+        wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
+        peak_memory_bytes=None if used is None else used.peak_memory_bytes,
         stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
         workspace=run_dir.workspace, record=run_dir.record_path, run_id=run_dir.run_id,
-        changes=tuple(changes), changes_truncated=cut,
+        changes=tuple(changes), changes_truncated=cut, unenforced_limits=cg_plan.unenforced,
     )
-    record.update(result.to_json())
+    record.update(result.to_json(), limits=limited.record)
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     workspace.write_record(run_dir.record_path, record)
     return result
 
-
-def _launch(sb: Sandbox, policy: Policy, capture: bool, stdin: bytes | None,
-            facts: host.HostFacts) -> Outcome:
-    bwrap_path = facts.require_bwrap()
-    run = Launch(sb, capture=capture, stdin=stdin, output_cap=policy.limits.output_bytes,
-                 timeout_s=policy.limits.timeout_s, bwrap_path=bwrap_path,
-                 host_hint=guard.userns_hint(facts))
-    try:
-        run.start()
-        return run.supervise()
-    finally:
-        run.close()

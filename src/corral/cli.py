@@ -20,7 +20,8 @@ from .errors import CorralError, UsageError
 
 SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
-       corral doctor [--json]"""
+       corral doctor [--json]
+       corral delegate --user NAME [--undo]"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -39,6 +40,11 @@ def _run_parser(sub: Any) -> None:
     p.add_argument("--input", metavar="PATH", action="append", default=[],
                    help="copy PATH into /work first (repeatable)")
     p.add_argument("--timeout", metavar="SECONDS", help="wall-clock limit (e.g. 30, 5m)")
+    p.add_argument("--memory", metavar="SIZE", help="memory of the whole run, tmpfs included "
+                   "(e.g. 512M, 2G)")
+    p.add_argument("--pids", metavar="N", help="processes and threads of the whole run")
+    p.add_argument("--cpus", metavar="N", help="CPU bandwidth in cores (e.g. 0.5, 2)")
+    p.add_argument("--disk", metavar="SIZE", help="bytes the run may add to its workspace")
     p.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
                    help="set a variable inside; NAME alone copies it from here (repeatable)")
     p.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
@@ -65,6 +71,11 @@ def _parser() -> Parser:
     _run_parser(sub)
     d = sub.add_parser("doctor", help="what this host supports and which protections hold")
     d.add_argument("--json", action="store_true")
+    g = sub.add_parser("delegate", help="as root: let USER's runs have cgroup limits (v1 hosts)",
+                       description="Create <cgroup v1 hierarchy>/corral/uid-UID for USER, owned "
+                       "by them, so that their runs can have memory, pids and CPU limits.")
+    g.add_argument("--user", required=True, metavar="NAME")
+    g.add_argument("--undo", action="store_true", help="remove the delegation again")
     return parser
 
 
@@ -103,13 +114,11 @@ def _env(items: Sequence[str]) -> list[tuple[str, str]]:
 
 
 def _policy(args: argparse.Namespace, cmd: Sequence[str]) -> Any:
-    from .policy import Allow, parse_duration
+    from .policy import Allow
     from .profiles import load_profile
 
     policy = load_profile(args.profile or _profile_for(cmd))
-    limits = policy.limits
-    if args.timeout is not None:
-        limits = replace(limits, timeout_s=parse_duration(args.timeout, "--timeout"))
+    limits = replace(policy.limits, **_limit_flags(args))
     unknown = [a for a in args.allow if a not in Allow.names()]
     if unknown:
         raise UsageError(f"--allow {unknown[0]} is not a relaxation corral knows",
@@ -118,6 +127,53 @@ def _policy(args: argparse.Namespace, cmd: Sequence[str]) -> Any:
     return replace(policy, limits=limits, allow=allow, venv=args.venv or policy.venv,
                    user=args.user, read_only=policy.read_only + tuple(
                        os.path.abspath(p) for p in args.ro))
+
+
+def _count(text: str, flag: str, kind: type[int] | type[float]) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = 0
+    if not value > 0:
+        raise UsageError(f"{flag} {text!r} is not a positive {kind.__name__}", "",
+                         f"write it like {flag} {'256' if kind is int else '1.5'}")
+    return value
+
+
+def _limit_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """Limits given on the command line, which override the profile's."""
+    from .policy import parse_duration, parse_size
+
+    out: dict[str, Any] = {}
+    if args.timeout is not None:
+        out["timeout_s"] = parse_duration(args.timeout, "--timeout")
+    if args.memory is not None:
+        out["memory_bytes"] = parse_size(args.memory, "--memory")
+    if args.pids is not None:
+        out["pids"] = int(_count(args.pids, "--pids", int))
+    if args.cpus is not None:
+        out["cpus"] = _count(args.cpus, "--cpus", float)
+    if args.disk is not None:
+        out["disk_bytes"] = parse_size(args.disk, "--disk")
+    return out
+
+
+ENDINGS = {  # what the CLI says on stderr when corral, not the command, ended the run
+    "timeout": "corral: timed out ({limit}); killed the sandbox",
+    "oom": "corral: out of memory: the memory limit ({limit}) killed the command",
+    "disk-limit": "corral: stopped at the disk limit: the run added more than {limit} to its "
+                  "workspace",
+}
+
+
+def _ending(result: Any, policy: Any) -> str | None:
+    lim = policy.limits
+    limit = {"timeout": f"limit {lim.timeout_s:g}s wall clock" + (
+        f" or {lim.cpu_s:g}s CPU time" if lim.cpu_s else ""),
+        "oom": f"{lim.memory_bytes} bytes", "disk-limit": f"{lim.disk_bytes} bytes"}
+    if result.status not in ENDINGS:
+        return None
+    return ENDINGS[result.status].format(limit=limit[result.status])
 
 
 def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
@@ -137,12 +193,23 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
         return 0
     result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
                      capture=args.json, env=env, runs_dir=args.runs_dir)
+    if result.unenforced_limits:
+        print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
+              f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_json()))
-    elif result.status == "timeout":
-        print(f"corral: timed out after {policy.limits.timeout_s:g}s; killed the sandbox",
-              file=sys.stderr)
+    elif (ending := _ending(result, policy)) is not None:
+        print(ending, file=sys.stderr)
     return result.exit_code
+
+
+def cmd_delegate(args: argparse.Namespace) -> int:
+    from .cgroups import delegate
+    from .host import detect
+
+    for path in delegate(args.user, detect(), undo=args.undo):
+        print(("removed " if args.undo else "delegated ") + path)
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -164,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
-            code = cmd_doctor(args)
+            code = cmd_doctor(args) if args.verb == "doctor" else cmd_delegate(args)
     except CorralError as e:
         print(f"corral: error: {e}", file=sys.stderr)
         if json_mode:
