@@ -6,14 +6,17 @@ pure and live in :mod:`corral.limits`; this module only does the I/O.
 Starting the child inside its cgroup: writing a pid into ``cgroup.procs``
 takes the kernel's global cgroup_threadgroup_rwsem for writing, which waits
 for an RCU grace period: 5-7 ms per run when measured here (bench/RESULTS.md).
-Writing ``0`` ("the calling thread") into a v1 ``tasks`` file moves one thread
-without that lock (kernel/cgroup/cgroup.c, cgroup_procs_write_start), about
-30 us.  So on cgroup v1 a short-lived thread moves itself into the run's
-cgroups and spawns bwrap there; bwrap and everything it starts inherits
-them, and the thread ends, leaving nothing of ours behind.  cgroup v2 moves
-whole processes only, so there the child writes ``0`` into ``cgroup.procs``
-itself between fork and exec (clone3's CLONE_INTO_CGROUP would be cheaper,
-but Python's subprocess cannot use it).
+Writing ``0`` ("the calling thread") into a v1 ``tasks`` file moves one
+thread without that lock (kernel/cgroup/cgroup.c, cgroup_procs_write_start).
+So bwrap's child, single-threaded between fork and exec, writes ``0`` into
+each ``tasks`` file of the run itself; bwrap and all it starts inherit the
+cgroups.  Two tempting alternatives are wrong: a launcher thread that moves
+itself and spawns bwrap kills bwrap when the thread ends (bwrap's
+--die-with-parent is a parent-*thread* death signal), and a launcher thread
+parked in the run's memory cgroup could be picked by its OOM killer.  cgroup
+v2 moves whole processes only; there the child writes ``0`` into
+``cgroup.procs`` (clone3's CLONE_INTO_CGROUP would avoid the lock, but
+Python's subprocess cannot use it).
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import errno
 import os
 import pwd
 import signal
-import threading
+import subprocess
 import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from .errors import HostError, LaunchError
+from .errors import HostError
 from .host import Cgroups, HostFacts
 from .limits import (
     V1_CONTROLLERS,
@@ -205,48 +208,26 @@ class RunCgroup:
     def spawn(self, start: Start[P]) -> P:
         """Start bwrap inside the run's cgroups; ``start(preexec)`` does the Popen.
 
-        Fails closed: on v1 the spawning thread checks it is in every cgroup of
-        the run before it starts bwrap (a child inherits its parent thread's
-        cgroups); on v2 a failed move fails the child before exec.
+        The child moves itself between fork and exec, so nothing of corral's
+        ever sits in the run's cgroups (where the OOM killer could pick it).
+        A failed move fails the child before exec: nothing starts unlimited.
         """
-        return self._spawn_v1(start) if self.version == 1 else start(self._join_v2)
+        targets = [os.fsencode(os.path.join(d, "tasks" if self.version == 1 else "cgroup.procs"))
+                   for d in self.unique]
 
-    def _spawn_v1(self, start: Start[P]) -> P:
-        box: dict[str, P] = {}
-        failure: list[BaseException] = []
+        def join() -> None:  # in the forked child: os calls only, paths made beforehand
+            for path in targets:
+                fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
 
-        def in_cgroup() -> None:
-            try:
-                for d in self.unique:
-                    _write(os.path.join(d, "tasks"), "0")  # this thread only: no global lock
-                if not self._holds("thread-self"):
-                    raise LaunchError("corral's spawning thread is not in the run's cgroup",
-                                      "the limits would not apply to bwrap",
-                                      "report this as a bug")
-                box["proc"] = start(None)
-            except BaseException as e:
-                failure.append(e)
-
-        thread = threading.Thread(target=in_cgroup, name=f"corral-spawn-{self.run_id}")
-        thread.start()
-        thread.join()
-        if failure:
-            if isinstance(failure[0], OSError) and "proc" not in box:
-                e = failure[0]
-                raise HostError(f"cannot enter the run's cgroup ({e.strerror or e})", "",
-                                "run 'corral doctor'") from None
-            raise failure[0]
-        return box["proc"]
-
-    def _join_v2(self) -> None:
-        """Runs in the forked child, before exec: only os calls, no allocation to speak of."""
-        _write(os.path.join(self.unique[0], "cgroup.procs"), "0")
-
-    def _holds(self, task: str) -> bool:
-        """Whether /proc/TASK is in every cgroup of the run (v1)."""
-        where = parse_proc_cgroup(_read(f"/proc/{task}/cgroup") or "")
-        return all(d.endswith(where.get(c, "\0")) and where.get(c, "").endswith(self.run_id)
-                   for c, d in self.dirs.items())
+        try:
+            return start(join)
+        except subprocess.SubprocessError as e:
+            raise HostError("bwrap could not enter the run's cgroup", str(e),
+                            "run 'corral doctor' to see what this host enforces") from None
 
     # -- while it runs, and after -------------------------------------------------
 
