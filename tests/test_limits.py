@@ -71,8 +71,10 @@ def test_v2_plan_uses_one_directory_and_the_v2_files() -> None:
 
 def test_cpu_controller_joined_only_when_cpus_is_asked_for() -> None:
     assert "cpu" not in plan(Limits(memory_bytes=1 << 30), V1, False).controllers
-    # Nothing requested: still metered wherever this caller has cgroups.
-    assert plan(Limits(), V1, False).controllers == ("memory", "pids", "cpuacct")
+    # One limit asked for: every available controller joined, for metering.
+    assert plan(Limits(pids=5), V1, False).controllers == ("memory", "pids", "cpuacct")
+    # Nothing asked for: no cgroup at all (and no fork to put bwrap in one).
+    assert plan(Limits(), V1, False).bases == ()
     assert plan(Limits(), Access(None), False).bases == ()
 
 

@@ -189,7 +189,11 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     if args.dry_run:
         sb = api.plan(cmd, policy, workspace_dir=args.workspace, inputs=args.input, env=env,
                       runs_dir=args.runs_dir)
-        print("\n".join(dry_run_lines(sb, detect().require_bwrap())))
+        from .enforce import check
+        from .limits import describe
+
+        print("\n".join(dry_run_lines(sb, detect().require_bwrap())
+                        + describe(check(policy, detect()))))
         return 0
     result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
                      capture=args.json, env=env, runs_dir=args.runs_dir)

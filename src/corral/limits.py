@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from .errors import HostError
 from .policy import Limits
 
-__all__ = ["Access", "Plan", "Usage", "doctor_rows", "plan", "requested", "usage", "verdict"]
+__all__ = ["Access", "Plan", "Usage", "describe", "doctor_rows", "plan", "requested", "usage",
+           "verdict"]
 
 # Processes of corral's own in every run, added to the pids limit so that
 # ``--pids N`` leaves N to the command: bwrap, bwrap's PID 1 inside, corral's init.
@@ -42,8 +43,10 @@ OVERHEAD_PIDS = 3
 CFS_PERIOD_US = 100_000
 MIN_CFS_QUOTA_US = 1_000  # the kernel's floor
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
-# cpu bandwidth changes scheduling, so a run joins "cpu" only when --cpus asks for it;
-# the others are joined whenever available, for metering and the pids peak.
+# A run that asks for any cgroup-backed limit joins these wherever available, so that it
+# is metered (CPU time, peak memory, pids peak); "cpu" only when --cpus asks for it,
+# since bandwidth changes scheduling.  A run that asks for none gets no cgroup: the
+# fork that puts bwrap's child in one costs about 1 ms (see corral.cgroups).
 METERING = ("memory", "pids", "cpuacct")
 
 # limit name -> (Limits field, controller that enforces it)
@@ -152,11 +155,14 @@ def plan(limits: Limits, access: Access, allow_unenforced: bool) -> Plan:
 
     Raises :class:`HostError` when a requested limit cannot be enforced here,
     unless ``allow_unenforced``; then the limit is listed in ``unenforced``.
+    No cgroup-backed limit requested: no cgroup, and the run is not metered.
     """
     wanted = requested(limits)
     missing = [n for n in wanted if access.base(ENFORCED_BY[n][1]) is None]
     if missing and not allow_unenforced:
         raise refusal(missing, access)
+    if not wanted:
+        return Plan(access.version, (), ())
     joined = [c for c in METERING if access.base(c) is not None]
     if "cpus" in wanted and "cpus" not in missing:
         joined.append("cpu")
@@ -172,6 +178,17 @@ def refusal(missing: list[str], access: Access) -> HostError:
     return HostError(f"this host cannot enforce the run's {names} limit(s) (from the profile "
                      "or flags)", why,
                      f"{fix}; or pass --allow unenforced-limits to run without them")
+
+
+def describe(plan: Plan, run_id: str = "RUN-ID") -> list[str]:
+    """The cgroup part of ``--dry-run``: where the run would go and what is written there."""
+    if not plan.bases:
+        return ["# cgroup: none (no cgroup-backed limit requested, none usable for metering)"]
+    dirs = plan.dirs(run_id)
+    lines = [f"# cgroup v{plan.version}: {d}" for d in plan.unique_dirs(run_id)]
+    lines += [f"#   {os.path.join(dirs[c], name)} <- {value}" for c, name, value in plan.settings]
+    lines += [f"# not enforced (--allow unenforced-limits): {name}" for name in plan.unenforced]
+    return lines
 
 
 def _keyed(text: str | None) -> dict[str, int]:
@@ -290,7 +307,8 @@ def doctor_rows(access: Access, limits: Limits) -> list[tuple[str, bool, str]]:
             "(RLIMIT_CPU per process too)"),
         ("disk-limit", True, "workspace watcher: every entry and open deleted file counted "
          "(one block at least), checked every 50 ms or more; RLIMIT_FSIZE caps one file"),
-        row("metering", "memory", "CPU time and peak memory read from the run's cgroup"),
+        row("metering", "memory", "CPU time and peak memory read from the run's cgroup, "
+            "for runs with a memory, pids, cpus or cpu limit (every shipped profile)"),
     ]
     needs = requested(limits)
     if needs:
