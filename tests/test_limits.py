@@ -240,3 +240,29 @@ def test_watch_ends_a_run_over_its_cpu_time() -> None:
     assert watch.check() == "timeout" and watch.limit_hit == "cpu"
     # Without a cgroup to read, there is no CPU-time watch (and the policy was refused).
     assert Watch(workspace="/", disk_bytes=None, cpu_s=1.0).due() is None
+
+
+def test_a_locked_directory_is_reopened_or_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "d"
+    locked.mkdir()
+    (locked / "f").write_bytes(b"q" * 100_000)
+    locked.chmod(0)
+    try:
+        if os.geteuid() == 0:
+            assert measure(str(tmp_path)).bytes > 100_000  # root reads it regardless
+            return
+        with pytest.raises(Unmeasurable):
+            measure(str(tmp_path))  # control: a plain user cannot read it as it is
+        assert measure(str(tmp_path), restore=True).bytes > 100_000
+        assert locked.stat().st_mode & 0o700 == 0o700
+    finally:
+        locked.chmod(0o700)
+
+
+def test_dry_run_lines_name_the_cgroup_and_what_is_written() -> None:
+    from corral.limits import describe
+
+    lines = describe(plan(Limits(pids=5), V1, False), "R")
+    assert "# cgroup v1: /cg/pids/corral/uid-0/R" in lines
+    assert "#   /cg/pids/corral/uid-0/R/pids.max <- 8" in lines
+    assert describe(plan(Limits(), V1, False))[0].startswith("# cgroup: none")

@@ -263,6 +263,13 @@ EVADERS = {
 }
 
 
+EVADERS["locked-directory"] = (
+    # Files written through descriptors after their directory was made unreadable.
+    "import os, time\nos.mkdir('/work/d')\nfs = [open(f'/work/d/{i}', 'wb') for i in range(6)]\n"
+    "os.chmod('/work/d', 0)\nfor f in fs:\n    f.write(b'q' * (5 << 20)); f.flush()\n"
+    "time.sleep(10)")
+
+
 @pytest.mark.parametrize("trick", sorted(EVADERS))
 def test_disk_limit_sees_through_evasions(who: Identity, trick: str) -> None:
     r = who.corral_json("--disk", "20M", "--", "python3", "-c", EVADERS[trick])
@@ -292,7 +299,8 @@ def test_a_gigabyte_of_output_is_cut_at_the_cap_without_deadlock(who: Identity) 
     r = who.corral_json("--", "/bin/sh", "-c", flood, timeout=120)
     assert time.monotonic() - t < 100
     assert r["status"] == "output-limit" and r["truncated"] and r["exit_code"] == 137
-    assert len(r["stdout"]) == 8 * MiB and len(r["stderr"]) <= 8 * MiB
+    sizes = [len(r["stdout"]), len(r["stderr"])]
+    assert max(sizes) == 8 * MiB and min(sizes) <= 8 * MiB  # whichever filled first ended it
     # Negative control: reading one pipe while the other fills is a deadlock.
     naive = subprocess.Popen(["/bin/sh", "-c", "head -c 1M /dev/zero >&2; echo out"],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -387,8 +395,11 @@ def test_workspace_and_record_survive_a_limit_kill(who: Identity, status: str) -
 
 
 def test_unenforceable_limits_stop_the_run_unless_allowed(who: Identity) -> None:
-    if not (IS_ROOT and not who.is_root):
-        pytest.skip("needs root to take the test user's delegation away for a moment")
+    if who.is_root:
+        pytest.skip("started by root, corral can always make cgroups here: the refusal is a "
+                    "plain user's, tested in the user variant")
+    if not IS_ROOT:
+        pytest.skip("needs pytest as root, to take the test user's delegation away a moment")
     subprocess.run([*Identity("root", 0, 0, Path("/root"), who.tmp).prefix(), "-m", "corral",
                     "delegate", "--user", TEST_USER, "--undo"], check=True, capture_output=True)
     try:

@@ -166,11 +166,18 @@ ENDINGS = {  # what the CLI says on stderr when corral, not the command, ended t
 }
 
 
+def _size(n: int | None) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n is not None and n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
+
+
 def _ending(result: Any, policy: Any) -> str | None:
     lim = policy.limits
     limit = {"timeout": f"limit {lim.timeout_s:g}s wall clock" + (
         f" or {lim.cpu_s:g}s CPU time" if lim.cpu_s else ""),
-        "oom": f"{lim.memory_bytes} bytes", "disk-limit": f"{lim.disk_bytes} bytes"}
+        "oom": _size(lim.memory_bytes), "disk-limit": _size(lim.disk_bytes)}
     if result.status not in ENDINGS:
         return None
     return ENDINGS[result.status].format(limit=limit[result.status])

@@ -67,7 +67,7 @@ def _open_dir(name: str, parent: int, restore: bool) -> int:
     try:
         mode = os.stat(handle).st_mode
         os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(mode) | stat.S_IRWXU)
-        return os.open(f"/proc/self/fd/{handle}", DIR_FLAGS)
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
     except OSError:
         raise Unmeasurable(f"cannot read directory {name!r}") from None
     finally:
