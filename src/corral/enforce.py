@@ -35,6 +35,8 @@ class Limited:
 
 def check(policy: Policy, facts: HostFacts) -> Plan:
     """The cgroup plan for ``policy`` here; raises HostError for an unenforceable limit."""
+    if not limits.requested(policy.limits):
+        return Plan(None, (), ())  # no cgroup wanted: do not even probe
     access = cgroups.probe(facts)
     return limits.plan(policy.limits, access, policy.allow.unenforced_limits)
 

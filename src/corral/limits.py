@@ -306,7 +306,7 @@ def doctor_rows(access: Access, limits: Limits) -> list[tuple[str, bool, str]]:
         row("cpu-time-limit", "cpuacct", "the run's CPU time, checked every 100 ms "
             "(RLIMIT_CPU per process too)"),
         ("disk-limit", True, "workspace watcher: every entry and open deleted file counted "
-         "(one block at least), checked every 50 ms or more; RLIMIT_FSIZE caps one file"),
+         "(one block at least), checked every 25 ms or more; RLIMIT_FSIZE caps one file"),
         row("metering", "memory", "CPU time and peak memory read from the run's cgroup, "
             "for runs with a memory, pids, cpus or cpu limit (every shipped profile)"),
     ]
