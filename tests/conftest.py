@@ -182,8 +182,9 @@ def delegation() -> Iterator[None]:
     entry = _ensure_user()
     marker = Path(f"/sys/fs/cgroup/pids/corral/uid-{entry.pw_uid}")
     existed = marker.exists()
-    subprocess.run([sys.executable, "-m", "corral", "delegate", "--user", TEST_USER],
-                   check=True, capture_output=True)
+    done = subprocess.run([sys.executable, "-m", "corral", "delegate", "--user", TEST_USER],
+                          check=False, capture_output=True, text=True)
+    need(done.returncode == 0, f"cannot delegate cgroups to {TEST_USER}: {done.stderr.strip()}")
     yield
     if not existed:
         subprocess.run([sys.executable, "-m", "corral", "delegate", "--user", TEST_USER,

@@ -128,7 +128,6 @@ def test_fork_bomb_stops_at_the_pids_limit_and_the_host_stays_responsive(who: Id
 
     marker = f"corral-bomb-{uuid.uuid4().hex}"
     _file(who, "bomb.py", BOMB)
-    before = len(os.listdir("/proc"))
     latencies: list[float] = []
     done = threading.Event()
 
@@ -145,15 +144,14 @@ def test_fork_bomb_stops_at_the_pids_limit_and_the_host_stays_responsive(who: Id
         bomb = who.corral_json("--pids", "16", "--cpus", "0.5", "--memory", "512M",
                                "--timeout", "5", "--input", str(who.tmp / "bomb.py"), "--",
                                "python3", "bomb.py", marker)
-        peak_procs = len(os.listdir("/proc"))
     finally:
         done.set()
         poker.join()
     assert bomb["status"] == "timeout" and bomb["_rc"] == 124
     limits = _record(bomb)["limits"]
     assert limits["pids_peak"] <= 16 + 3 and limits["pids_refused"] > 0
+    # The host's own process count is no measure here: other test suites share it.
     assert max(latencies) < 10 and len(latencies) > 5, latencies
-    assert peak_procs < before + 200
     assert processes_with(marker) == []
 
 
