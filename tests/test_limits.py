@@ -266,3 +266,20 @@ def test_dry_run_lines_name_the_cgroup_and_what_is_written() -> None:
     assert "# cgroup v1: /cg/pids/corral/uid-0/R" in lines
     assert "#   /cg/pids/corral/uid-0/R/pids.max <- 8" in lines
     assert describe(plan(Limits(), V1, False))[0].startswith("# cgroup: none")
+
+
+def test_a_directory_without_search_rights_is_restored_or_refused(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "f").write_bytes(b"q" * 100_000)
+    (ws / "d").chmod(0o600)  # readable, not searchable: entries cannot be stat'ed
+    ws.chmod(0o500)
+    try:
+        if os.geteuid() == 0:
+            assert measure(str(ws)).bytes > 100_000
+            return
+        assert measure(str(ws), restore=True).bytes > 100_000
+        assert ws.stat().st_mode & 0o700 == 0o700 and (ws / "d").stat().st_mode & 0o700 == 0o700
+    finally:
+        ws.chmod(0o700)
+        (ws / "d").chmod(0o700)

@@ -5,7 +5,8 @@ pure and live in :mod:`corral.limits`; this module only does the I/O.
 
 Starting the child inside its cgroup: writing a pid into ``cgroup.procs``
 takes the kernel's global cgroup_threadgroup_rwsem for writing, which waits
-for an RCU grace period: 5-7 ms per run when measured here (bench/RESULTS.md).
+for an RCU grace period unless another move just happened: 6.6 ms for four
+hierarchies, measured here with runs 100 ms apart (bench/RESULTS.md).
 Writing ``0`` ("the calling thread") into a v1 ``tasks`` file moves one
 thread without that lock (kernel/cgroup/cgroup.c, cgroup_procs_write_start).
 So bwrap's child, single-threaded between fork and exec, writes ``0`` into

@@ -24,6 +24,7 @@ every 100 ms and ends the run once it is over ``cpu_s`` (status
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 import time
@@ -55,13 +56,20 @@ class DiskUse:
 
 
 def _open_dir(name: str, parent: int, restore: bool) -> int:
+    """Open a directory of the workspace to list it (``parent`` None: ``name`` is the top).
+
+    A plain user's payload has the launcher's uid and may chmod a directory it
+    owns so that its owner can neither list nor search it.  With ``restore``
+    the owner's rights come back, through a handle that cannot be a symlink.
+    """
     try:
-        return os.open(name, DIR_FLAGS, dir_fd=parent)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+        if not restore or os.fstat(fd).st_mode & stat.S_IRWXU == stat.S_IRWXU:
+            return fd
+        os.close(fd)
     except PermissionError:
         if not restore:
             raise Unmeasurable(f"cannot read directory {name!r}") from None
-    # A plain user's payload has the launcher's uid: it can chmod 000 a directory it
-    # owns.  Give the owner its rights back, through a handle that cannot be a symlink.
     handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
                      dir_fd=parent)
     try:
@@ -80,7 +88,11 @@ def _cost(st: os.stat_result) -> int:
 
 def _walk(root: str, use: DiskUse, stop_at: int, restore: bool) -> None:
     """Add every entry under ``root``; return early once ``use.bytes`` passes ``stop_at``."""
-    top = os.open(root, DIR_FLAGS)
+    parent = os.open(os.path.dirname(root) or "/", DIR_FLAGS)
+    try:
+        top = _open_dir(os.path.basename(root), parent, restore)
+    finally:
+        os.close(parent)
     stack: list[tuple[int, list[str]]] = []
     try:
         stack.append((top, os.listdir(top)))
@@ -106,7 +118,11 @@ def _walk(root: str, use: DiskUse, stop_at: int, restore: bool) -> None:
                     raise Unmeasurable(f"directories nested deeper than {MAX_DEPTH}")
                 try:
                     sub = _open_dir(name, fd, restore)
-                except FileNotFoundError:
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # renamed or replaced since the stat: the next check sees it
+                except OSError as e:
+                    if e.errno != errno.ELOOP:  # replaced by a symlink, which is not followed
+                        raise
                     continue
                 try:
                     children = os.listdir(sub)
