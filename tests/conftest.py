@@ -166,8 +166,42 @@ def _identity(name: str, shared_tmp: Path, readable_src: Path, request: Any) -> 
     return Identity("user", me.pw_uid, me.pw_gid, Path(me.pw_dir), sub)
 
 
+def _profile_limits_hold() -> str | None:
+    """Why the shipped profiles' limits cannot be enforced for this process, or None."""
+    from corral import cgroups, host, limits, profiles
+    from corral.errors import HostError
+
+    try:
+        limits.plan(profiles.load_profile("shell").limits, cgroups.probe(host.detect()), False)
+    except HostError as e:
+        return str(e)
+    return None
+
+
+@pytest.fixture(scope="session")
+def delegation() -> Iterator[None]:
+    """Resource limits for the unprivileged user: the documented one-time root step,
+    ``corral delegate --user corral-test``, undone at the end if this session made it."""
+    if not IS_ROOT:
+        why = _profile_limits_hold()
+        need(why is None, f"the shipped profiles' limits do not hold for this user: {why}")
+        yield
+        return
+    entry = _ensure_user()
+    marker = Path(f"/sys/fs/cgroup/pids/corral/uid-{entry.pw_uid}")
+    existed = marker.exists()
+    done = subprocess.run([sys.executable, "-m", "corral", "delegate", "--user", TEST_USER],
+                          check=False, capture_output=True, text=True)
+    need(done.returncode == 0, f"cannot delegate cgroups to {TEST_USER}: {done.stderr.strip()}")
+    yield
+    if not existed:
+        subprocess.run([sys.executable, "-m", "corral", "delegate", "--user", TEST_USER,
+                        "--undo"], check=False, capture_output=True)
+
+
 @pytest.fixture(params=["root", "user"])
-def who(request: Any, shared_tmp: Path, readable_src: Path, bwrap: str) -> Iterator[Identity]:
+def who(request: Any, shared_tmp: Path, readable_src: Path, bwrap: str, delegation: None
+        ) -> Iterator[Identity]:
     """Each test that takes ``who`` runs once as root and once as the test user."""
     ident = _identity(request.param, shared_tmp, readable_src, request)
     yield ident

@@ -11,10 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import agent, egress, guard, host, resolve, workspace
+from . import agent, egress, enforce, guard, host, resolve, workspace
 from .bwrap import Sandbox
+from .enforce import Limited
 from .errors import UsageError
-from .launch import Launch, Outcome
+from .limits import Plan
 from .policy import Policy
 from .workspace import Change, RunDir
 
@@ -40,6 +41,7 @@ class Result:
     changes: tuple[Change, ...] = ()
     changes_truncated: bool = False
     denials: tuple[dict[str, Any], ...] = field(default=())
+    unenforced_limits: tuple[str, ...] = ()  # requested, not enforceable here, allowed by name
 
     @property
     def ok(self) -> bool:
@@ -58,6 +60,7 @@ class Result:
             "truncated": self.truncated, "workspace": self.workspace, "record": self.record,
             "run_id": self.run_id, "changes": [c.to_json() for c in self.changes],
             "changes_truncated": self.changes_truncated, "denials": list(self.denials),
+            "unenforced_limits": list(self.unenforced_limits),
         }
 
 
@@ -97,6 +100,7 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
     policy = policy or Policy()
     facts = host.detect()
     rules = egress.compile_rules(policy.network)
+    enforce.check(policy, facts)
     workspace.check_inputs(inputs)
     if workspace_dir is not None:
         ws = guard.check_workspace(workspace_dir)
@@ -121,6 +125,7 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     policy = policy or Policy()
     facts = host.detect()
     egress.compile_rules(policy.network)  # bad rules: refused before anything is created
+    cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
     run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir, inputs=inputs,
                                   runs_dir=runs_dir, facts=facts)
     sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
@@ -132,22 +137,25 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     }
     workspace.write_record(run_dir.record_path, record)
     try:
-        with egress.open_session(policy.network, run_dir.root) as net:
-            record["egress_log"] = net.log_path
-            outcome = _launch(net.attach(sb), policy, capture, stdin, facts, net.pass_fds)
+        limited, denials, record["egress_log"] = _execute(
+            sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace, run_dir.root,
+            capture, stdin)
     except Exception as e:
         record.update(status="error", error=str(e))
         workspace.write_record(run_dir.record_path, record)
         raise
     changes, cut = workspace.collect(run_dir.workspace, before)
+    outcome, used = limited.outcome, limited.usage
     result = Result(
         exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
-        wall_s=outcome.wall_s, cpu_s=None, peak_memory_bytes=None,
+        wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
+        peak_memory_bytes=None if used is None else used.peak_memory_bytes,
         stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
         workspace=run_dir.workspace, record=run_dir.record_path, run_id=run_dir.run_id,
-        changes=tuple(changes), changes_truncated=cut, denials=net.denials(),
+        changes=tuple(changes), changes_truncated=cut, denials=denials,
+        unenforced_limits=cg_plan.unenforced,
     )
-    record.update(result.to_json())
+    record.update(result.to_json(), limits=limited.record)
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     workspace.write_record(run_dir.record_path, record)
     return result
@@ -172,6 +180,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     """
     facts = host.detect()
     egress.compile_rules(policy.network)  # bad rules: refused before anything is created
+    cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
     sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env)
     if announce is not None:
         announce(sb)
@@ -186,36 +195,43 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         entry["run_id"] = run_dir.run_id
         workspace.write_record(run_dir.record_path, entry)
     try:
-        with egress.open_session(policy.network, run_dir.root if run_dir else None) as net:
-            entry["egress_log"] = net.log_path
-            outcome = _launch(net.attach(sb), policy, capture, stdin, facts, net.pass_fds)
+        limited, denials, entry["egress_log"] = _execute(
+            sb, policy, facts, cg_plan, run_dir.run_id if run_dir else workspace.new_run_id(),
+            layout.project, run_dir.root if run_dir else None, capture, stdin)
     except Exception as e:
         if run_dir is not None:
             workspace.write_record(run_dir.record_path, {**entry, "status": "error",
                                                          "error": str(e)})
         raise
+    outcome, used = limited.outcome, limited.usage
     result = Result(
         exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
-        wall_s=outcome.wall_s, cpu_s=None, peak_memory_bytes=None,
+        wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
+        peak_memory_bytes=None if used is None else used.peak_memory_bytes,
         stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
         workspace=layout.project, record=run_dir.record_path if run_dir else "",
-        run_id=run_dir.run_id if run_dir else "", denials=net.denials(),
+        run_id=run_dir.run_id if run_dir else "", denials=denials,
+        unenforced_limits=cg_plan.unenforced,
     )
     if run_dir is not None:
         workspace.write_record(run_dir.record_path, {
-            **entry, **result.to_json(),
+            **entry, **result.to_json(), "limits": limited.record,
             "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return result
 
 
-def _launch(sb: Sandbox, policy: Policy, capture: bool, stdin: bytes | None,
-            facts: host.HostFacts, extra_fds: Sequence[int] = ()) -> Outcome:
-    bwrap_path = facts.require_bwrap()
-    run = Launch(sb, capture=capture, stdin=stdin, output_cap=policy.limits.output_bytes,
-                 timeout_s=policy.limits.timeout_s, bwrap_path=bwrap_path,
-                 host_hint=guard.userns_hint(facts), extra_fds=extra_fds)
-    try:
-        run.start()
-        return run.supervise()
-    finally:
-        run.close()
+def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, run_id: str,
+             measured: str, record_dir: str | None, capture: bool, stdin: bytes | None
+             ) -> tuple[Limited, tuple[dict[str, Any], ...], str | None]:
+    """Launch ``sb`` with its egress session and its limits; both are closed on return.
+
+    ``measured`` is the directory whose growth counts against the disk limit.
+    Returns the limited outcome, the egress denials and the egress log's path.
+    """
+    with egress.open_session(policy.network, record_dir) as net:
+        limited = enforce.launch_limited(
+            net.attach(sb), policy, facts, cg_plan, run_id, measured, capture=capture,
+            stdin=stdin, output_cap=policy.limits.output_bytes,
+            timeout_s=policy.limits.timeout_s, bwrap_path=facts.require_bwrap(),
+            host_hint=guard.userns_hint(facts), extra_fds=net.pass_fds)
+    return limited, net.denials(), net.log_path

@@ -24,7 +24,8 @@ USAGE = """corral run [options] -- CMD [ARG...]
        corral agent [options] -- AGENT [ARG...]
        corral shell [options] (-c CMD | -- ARGV...)
        corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
-       corral doctor [--json]"""
+       corral doctor [--json]
+       corral delegate --user NAME [--undo]"""
 
 
 class Parser(argparse.ArgumentParser):
@@ -35,6 +36,11 @@ class Parser(argparse.ArgumentParser):
 def _common(p: argparse.ArgumentParser, profiles: str) -> None:
     p.add_argument("--profile", metavar="NAME|FILE", help=profiles)
     p.add_argument("--timeout", metavar="SECONDS", help="wall-clock limit (e.g. 30, 5m)")
+    p.add_argument("--memory", metavar="SIZE", help="memory of the whole run, tmpfs included "
+                   "(e.g. 512M, 2G)")
+    p.add_argument("--pids", metavar="N", help="processes and threads of the whole run")
+    p.add_argument("--cpus", metavar="N", help="CPU bandwidth in cores (e.g. 0.5, 2)")
+    p.add_argument("--disk", metavar="SIZE", help="bytes the run may add to its workspace")
     p.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
                    help="set a variable inside; NAME alone copies it from here (repeatable)")
     p.add_argument("--ro", metavar="PATH", action="append", default=[],
@@ -131,6 +137,11 @@ def _parser() -> Parser:
     d = sub.add_parser("doctor", help="what this host supports and which protections hold")
     d.add_argument("--json", action="store_true")
     _probe_parser(sub)
+    g = sub.add_parser("delegate", help="as root: let USER's runs have cgroup limits (v1 hosts)",
+                       description="Create <cgroup v1 hierarchy>/corral/uid-UID for USER, owned "
+                       "by them, so that their runs can have memory, pids and CPU limits.")
+    g.add_argument("--user", required=True, metavar="NAME")
+    g.add_argument("--undo", action="store_true", help="remove the delegation again")
     return parser
 
 
@@ -187,13 +198,11 @@ def _env(items: Sequence[str]) -> list[tuple[str, str]]:
 
 def _policy(args: argparse.Namespace, default_profile: str) -> Any:
     """The profile, with every flag applied on top."""
-    from .policy import Allow, parse_duration
+    from .policy import Allow
     from .profiles import load_profile
 
     policy = load_profile(args.profile or default_profile)
-    limits = policy.limits
-    if args.timeout is not None:
-        limits = replace(limits, timeout_s=parse_duration(args.timeout, "--timeout"))
+    limits = replace(policy.limits, **_limit_flags(args))
     unknown = [a for a in args.allow if a not in Allow.names()]
     if unknown:
         raise UsageError(f"--allow {unknown[0]} is not a relaxation corral knows",
@@ -216,6 +225,63 @@ def _policy(args: argparse.Namespace, default_profile: str) -> Any:
     return replace(policy, **changes)
 
 
+def _count(text: str, flag: str, kind: type[int] | type[float]) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        value = 0
+    if not value > 0:
+        raise UsageError(f"{flag} {text!r} is not a positive {kind.__name__}", "",
+                         f"write it like {flag} {'256' if kind is int else '1.5'}")
+    return value
+
+
+def _limit_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """Limits given on the command line, which override the profile's."""
+    from .policy import parse_duration, parse_size
+
+    out: dict[str, Any] = {}
+    if args.timeout is not None:
+        out["timeout_s"] = parse_duration(args.timeout, "--timeout")
+    if args.memory is not None:
+        out["memory_bytes"] = parse_size(args.memory, "--memory")
+    if args.pids is not None:
+        out["pids"] = int(_count(args.pids, "--pids", int))
+    if args.cpus is not None:
+        out["cpus"] = _count(args.cpus, "--cpus", float)
+    if args.disk is not None:
+        out["disk_bytes"] = parse_size(args.disk, "--disk")
+    return out
+
+
+ENDINGS = {  # what the CLI says on stderr when corral, not the command, ended the run
+    "timeout": "corral: timed out ({limit}); killed the sandbox",
+    "oom": "corral: out of memory: the memory limit ({limit}) killed the command",
+    "disk-limit": "corral: stopped at the disk limit: the run added more than {limit} to its "
+                  "workspace",
+}
+
+
+def _size(n: int | None) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n is not None and n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} bytes"
+
+
+def _ending(result: Any, policy: Any) -> str | None:
+    lim = policy.limits
+    if result.status not in ENDINGS:
+        return None
+    if result.status == "timeout":
+        limits = [f"{lim.timeout_s:g}s wall clock"] if lim.timeout_s else []
+        limits += [f"{lim.cpu_s:g}s CPU time"] if lim.cpu_s else []
+        limit = "limit " + " or ".join(limits)
+    else:
+        limit = _size(lim.memory_bytes if result.status == "oom" else lim.disk_bytes)
+    return ENDINGS[result.status].format(limit=limit)
+
+
 def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     from . import api
     from .host import detect
@@ -229,15 +295,21 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     if args.dry_run:
         sb = api.plan(cmd, policy, workspace_dir=args.workspace, inputs=args.input, env=env,
                       runs_dir=args.runs_dir)
-        print("\n".join(dry_run_lines(sb, detect().require_bwrap())))
+        from .enforce import check
+        from .limits import describe
+
+        print("\n".join(dry_run_lines(sb, detect().require_bwrap())
+                        + describe(check(policy, detect()))))
         return 0
     result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
                      capture=args.json, env=env, runs_dir=args.runs_dir)
+    if result.unenforced_limits:
+        print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
+              f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_json()))
-    elif result.status == "timeout":
-        print(f"corral: timed out after {policy.limits.timeout_s:g}s; killed the sandbox",
-              file=sys.stderr)
+    elif (ending := _ending(result, policy)) is not None:
+        print(ending, file=sys.stderr)
     return result.exit_code
 
 
@@ -281,9 +353,11 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
 
     result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
                            record=args.verb == "agent", announce=announce)
-    if result.status == "timeout":
-        print(f"corral: timed out after {policy.limits.timeout_s:g}s; killed the sandbox",
-              file=sys.stderr)
+    if result.unenforced_limits:
+        print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
+              f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
+    if (ending := _ending(result, policy)) is not None:
+        print(ending, file=sys.stderr)
     return result.exit_code
 
 
@@ -294,6 +368,15 @@ def cmd_probe(args: argparse.Namespace) -> int:
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report, width))
     return 0 if report.passed else 1
+
+
+def cmd_delegate(args: argparse.Namespace) -> int:
+    from .cgroups import delegate
+    from .host import detect
+
+    for path in delegate(args.user, detect(), undo=args.undo):
+        print(("removed " if args.undo else "delegated ") + path)
+    return 0
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
@@ -319,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
-            code = cmd_doctor(args)
+            code = cmd_doctor(args) if args.verb == "doctor" else cmd_delegate(args)
     except CorralError as e:
         print(f"corral: error: {e}", file=sys.stderr)
         if json_mode:

@@ -6,10 +6,14 @@ is tested against made-up hosts; :func:`report` probes the real one.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import seccomp
 from .host import HostFacts, detect
+
+if TYPE_CHECKING:
+    from .limits import Access
+    from .policy import Limits
 
 __all__ = ["assess", "render_text", "report"]
 
@@ -46,8 +50,13 @@ def _seccomp(facts: HostFacts) -> tuple[bool, str]:
     return True, f"libseccomp {version}: {seccomp.summary()}"
 
 
-def assess(facts: HostFacts) -> dict[str, Any]:
-    """Facts and protections as a JSON-ready report."""
+def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | None = None
+           ) -> dict[str, Any]:
+    """Facts and protections as a JSON-ready report.
+
+    ``access`` (from :func:`corral.cgroups.probe`) adds which resource limits
+    hold here; ``defaults`` are the shipped profiles' limits.
+    """
     userns_ok, userns_note = _userns(facts)
     has_seccomp, seccomp_note = _seccomp(facts)
     version = ".".join(map(str, facts.bwrap_version)) if facts.bwrap_version else None
@@ -71,6 +80,11 @@ def assess(facts: HostFacts) -> dict[str, Any]:
         ("rlimits", True, "RLIMIT_NOFILE, RLIMIT_FSIZE, RLIMIT_CORE=0 set by the init"),
         ("wall-clock", True, "timeout kills the sandbox's PID 1, ending its PID namespace"),
     ]
+    if access is not None:
+        from .limits import doctor_rows
+        from .policy import Limits
+
+        protections += doctor_rows(access, defaults or Limits())
     return {
         "ready": (facts.bwrap is not None and userns_ok and has_seccomp
                   and facts.landlock_abi >= 1),
@@ -93,7 +107,11 @@ def assess(facts: HostFacts) -> dict[str, Any]:
 
 
 def report() -> dict[str, Any]:
-    return assess(detect())
+    from .cgroups import probe
+    from .profiles import load_profile
+
+    facts = detect()
+    return assess(facts, probe(facts), load_profile("python").limits)
 
 
 def render_text(data: dict[str, Any]) -> str:

@@ -29,24 +29,29 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import bwrap
 from .bwrap import Data, PathHandle, Sandbox
 from .errors import HostError, LaunchError
+
+if TYPE_CHECKING:
+    from .cgroups import RunCgroup
+    from .watch import Watch
 
 __all__ = ["Launch", "Outcome", "launch"]
 
 PIPE_CHUNK = 1 << 16
 ERROR_CAP = 1 << 16
 KILL_GRACE_S = 30.0  # after SIGKILL, how long to wait for bwrap to go before giving up
+LIMIT_STATUSES = ("timeout", "output-limit", "disk-limit")  # corral ended the run
 
 
 @dataclass(slots=True)
 class Outcome:
     """What happened to one run, before the workspace is looked at."""
 
-    status: str  # exited, signaled, timeout, output-limit, error
+    status: str  # exited, signaled, timeout, output-limit, disk-limit, error (oom: see api)
     exit_code: int
     signal: int | None = None
     wall_s: float = 0.0
@@ -133,7 +138,8 @@ class Launch:
     def __init__(self, sb: Sandbox, *, capture: bool, stdin: bytes | None, output_cap: int,
                  timeout_s: float | None, bwrap_path: str, host_hint: str = "",
                  extra_fds: Sequence[int] = (),
-                 on_started: Callable[[int], None] | None = None) -> None:
+                 on_started: Callable[[int], None] | None = None,
+                 cgroup: RunCgroup | None = None, watch: Watch | None = None) -> None:
         self.sb = sb
         self.capture = capture
         self.stdin_data = stdin
@@ -143,6 +149,8 @@ class Launch:
         self.host_hint = host_hint
         self.extra_fds = list(extra_fds)
         self.on_started = on_started
+        self.cgroup = cgroup  # bwrap starts inside it (see corral.cgroups)
+        self.watch = watch  # disk and CPU-time checks while the run lives
         self.handles = Handles()
         self.fds: list[int] = []  # our own ends, closed by close()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -188,11 +196,14 @@ class Launch:
             stdin = self.in_r
             os.set_blocking(self.in_w, False)
         argv, keep = self.argv(status_w, json_w, stderr_fd)
+        def popen(preexec: Callable[[], None] | None) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
+                argv, stdin=stdin, stdout=stdout, stderr=err_w, pass_fds=keep, close_fds=True,
+                env={}, cwd="/", restore_signals=True, preexec_fn=preexec)
+
         self.started_at = time.monotonic()
         try:
-            self.proc = subprocess.Popen(
-                argv, stdin=stdin, stdout=stdout, stderr=err_w, pass_fds=keep, close_fds=True,
-                env={}, cwd="/", restore_signals=True)
+            self.proc = popen(None) if self.cgroup is None else self.cgroup.spawn(popen)
         except OSError as e:
             raise LaunchError(f"cannot start {self.bwrap_path}", e.strerror or str(e),
                               "check the bwrap installation") from None
@@ -236,10 +247,16 @@ class Launch:
             while len(sel.get_map()) > 0:
                 if exited and all(fd not in sel.get_map() for fd in readers):
                     break
-                wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+                now = time.monotonic()
+                wait = None if deadline is None else max(0.0, deadline - now)
+                due = None if exited else self._watch_due()
+                if due is not None:  # wake for the next limit check too
+                    wait = max(0.0, due - now) if wait is None else min(wait, max(0.0, due - now))
                 events = sel.select(wait)
+                if due is not None and time.monotonic() >= due:
+                    self._check_limits()
                 if not events and deadline is not None and time.monotonic() >= deadline:
-                    if o.status not in ("timeout", "output-limit"):
+                    if o.status not in LIMIT_STATUSES:
                         o.status = "timeout"
                         self.kill()
                     deadline = time.monotonic() + KILL_GRACE_S
@@ -265,6 +282,18 @@ class Launch:
             o.stdout, o.stderr = bytes(bufs[self.out_r]), bytes(bufs[self.cerr_r])
         self._finish(bytes(bufs[self.err_r]))
         return o
+
+    def _watch_due(self) -> float | None:
+        if self.watch is None or self.outcome.status in LIMIT_STATUSES:
+            return None
+        return self.watch.due()
+
+    def _check_limits(self) -> None:
+        assert self.watch is not None
+        status = self.watch.check()
+        if status is not None and self.outcome.status not in LIMIT_STATUSES:
+            self.outcome.status = status
+            self.kill()
 
     def _feed(self, sel: selectors.BaseSelector) -> None:
         try:
@@ -296,7 +325,7 @@ class Launch:
         buf += chunk[:max(room, 0)]
         if len(chunk) > room and fd != self.err_r:
             self.outcome.truncated = True
-            if self.outcome.status != "output-limit":
+            if self.outcome.status not in LIMIT_STATUSES:
                 self.outcome.status = "output-limit"
                 self.kill()
 
@@ -350,7 +379,7 @@ class Launch:
         assert self.proc is not None
         started = any(e.get("event") == "started" for e in o.events)
         failure = next((e for e in o.events if e.get("event") == "error"), None)
-        if o.status in ("timeout", "output-limit"):
+        if o.status in LIMIT_STATUSES:
             o.exit_code = 124 if o.status == "timeout" else 128 + signal.SIGKILL
             return
         if failure is not None:

@@ -107,7 +107,7 @@ class Limits:
     timeout_s: float | None = 300.0  # wall clock, from launch to kill
     cpu_s: float | None = None  # CPU time of the whole run
     memory_bytes: int | None = None  # RAM of the whole run, tmpfs pages included
-    pids: int | None = None  # processes and threads of the whole run
+    pids: int | None = None  # processes and threads of the whole run, corral's own 3 not counted
     cpus: float | None = None  # CPU bandwidth, in cores
     disk_bytes: int | None = None  # bytes the run may add to its workspace
     output_bytes: int = 8 * MiB  # captured stdout and stderr, each (--json and API capture)

@@ -337,8 +337,10 @@ def init_config(policy: Policy, host: HostFacts, uid: int, gid: int,
     """The JSON the in-sandbox init reads (the launcher adds descriptor numbers)."""
     lim = policy.limits
     rlimits: dict[str, list[int]] = {"nofile": [lim.nofile, lim.nofile], "core": [0, 0]}
-    if lim.fsize_bytes is not None:
-        rlimits["fsize"] = [lim.fsize_bytes, lim.fsize_bytes]
+    # The disk limit caps any single file too: the watcher need not catch one big file.
+    fsize = min((v for v in (lim.fsize_bytes, lim.disk_bytes) if v is not None), default=None)
+    if fsize is not None:
+        rlimits["fsize"] = [fsize, fsize]
     if lim.cpu_s is not None:
         seconds = max(1, int(lim.cpu_s + 0.999))
         rlimits["cpu"] = [seconds, seconds + 1]

@@ -1,0 +1,285 @@
+"""The pure core of resource limits: plans, limit files, counters, verdicts, the disk measure.
+
+cgroup v2 cannot be exercised for real on this kind of machine (its v2 mount
+has no controllers), so its plans and parsing are checked here against the
+kernel's documented file formats; ``test_resources.py`` runs the real thing
+where a host has it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from corral.errors import HostError
+from corral.limits import (
+    OVERHEAD_PIDS,
+    Access,
+    Usage,
+    cfs_quota,
+    doctor_rows,
+    parse_proc_cgroup,
+    plan,
+    requested,
+    usage,
+    v2_delegated_base,
+    verdict,
+)
+from corral.policy import Limits
+from corral.watch import BLOCK, MAX_DEPTH, Unmeasurable, Watch, measure
+
+V1 = Access(1, tuple((c, f"/cg/{c}/corral/uid-0") for c in ("memory", "pids", "cpu", "cpuacct")),
+            memsw=True)
+V2 = Access(2, tuple((c, "/cg2/corral") for c in ("memory", "pids", "cpu", "cpuacct")),
+            swap_max=True)
+USER_V1 = Access(1, absent=tuple((c, f"cgroup v1 {c} is not delegated to alice")
+                                 for c in ("memory", "pids", "cpu", "cpuacct")),
+                 fix="as root, once: corral delegate --user alice")
+ALL = Limits(memory_bytes=64 << 20, pids=10, cpus=0.5, cpu_s=3.0)
+
+
+def test_v1_plan_writes_memory_before_memsw_and_counts_corrals_own_pids() -> None:
+    p = plan(ALL, V1, allow_unenforced=False)
+    assert p.settings == (
+        ("memory", "memory.limit_in_bytes", str(64 << 20)),
+        ("memory", "memory.memsw.limit_in_bytes", str(64 << 20)),
+        ("pids", "pids.max", str(10 + OVERHEAD_PIDS)),
+        ("cpu", "cpu.cfs_period_us", "100000"),
+        ("cpu", "cpu.cfs_quota_us", "50000"),
+    )
+    assert p.controllers == ("memory", "pids", "cpuacct", "cpu")
+    assert p.dirs("R")["memory"] == "/cg/memory/corral/uid-0/R"
+
+
+def test_v1_without_swap_accounting_turns_swappiness_off() -> None:
+    no_memsw = Access(1, V1.bases, memsw=False)
+    assert ("memory", "memory.swappiness", "0") in plan(ALL, no_memsw, False).settings
+
+
+def test_v2_plan_uses_one_directory_and_the_v2_files() -> None:
+    p = plan(ALL, V2, allow_unenforced=False)
+    assert p.settings == (
+        ("memory", "memory.max", str(64 << 20)),
+        ("memory", "memory.swap.max", "0"),
+        ("pids", "pids.max", str(10 + OVERHEAD_PIDS)),
+        ("cpu", "cpu.max", "50000 100000"),
+    )
+    assert p.unique_dirs("R") == ["/cg2/corral/R"]
+
+
+def test_cpu_controller_joined_only_when_cpus_is_asked_for() -> None:
+    assert "cpu" not in plan(Limits(memory_bytes=1 << 30), V1, False).controllers
+    # One limit asked for: every available controller joined, for metering.
+    assert plan(Limits(pids=5), V1, False).controllers == ("memory", "pids", "cpuacct")
+    # Nothing asked for: no cgroup at all (and no fork to put bwrap in one).
+    assert plan(Limits(), V1, False).bases == ()
+    assert plan(Limits(), Access(None), False).bases == ()
+
+
+def test_unenforceable_limits_are_refused_with_the_fix() -> None:
+    with pytest.raises(HostError) as e:
+        plan(Limits(memory_bytes=1 << 30, pids=5), USER_V1, allow_unenforced=False)
+    text = str(e.value)
+    assert "memory, pids" in text and "corral delegate --user alice" in text
+    assert "--allow unenforced-limits" in text and "not delegated" in text
+    # Negative control: nothing cgroup-backed requested, nothing refused.
+    assert plan(Limits(disk_bytes=1 << 20), USER_V1, False).bases == ()
+
+
+def test_allowed_unenforced_limits_are_listed_not_hidden() -> None:
+    p = plan(ALL, USER_V1, allow_unenforced=True)
+    assert p.unenforced == ("memory", "pids", "cpus", "cpu") and p.settings == ()
+
+
+def test_requested_names_the_cgroup_backed_limits() -> None:
+    assert requested(Limits()) == []
+    assert requested(ALL) == ["memory", "pids", "cpus", "cpu"]
+
+
+def test_tiny_cpu_bandwidth_is_raised_to_the_kernels_floor() -> None:
+    assert cfs_quota(0.001) == 1000 and cfs_quota(2) == 200000
+
+
+def _reader(files: dict[tuple[str, str], str]):  # type: ignore[no-untyped-def]
+    return lambda c, name: files.get((c, name))
+
+
+def test_v1_counters() -> None:
+    got = usage(1, _reader({
+        ("cpuacct", "cpuacct.usage"): "1500000000\n",
+        ("memory", "memory.max_usage_in_bytes"): "67108864\n",
+        ("memory", "memory.oom_control"): "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        ("pids", "pids.peak"): "13\n",
+        ("pids", "pids.events"): "max 40\n",
+    }))
+    assert got == Usage(cpu_s=1.5, peak_memory_bytes=64 << 20, oom_kills=2, pids_peak=13,
+                        pids_refused=40)
+
+
+def test_v2_counters() -> None:
+    got = usage(2, _reader({
+        ("cpuacct", "cpu.stat"): "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
+        ("memory", "memory.peak"): "1048576\n",
+        ("memory", "memory.events"): "low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\n",
+        ("pids", "pids.peak"): "4\n",
+        ("pids", "pids.events"): "max 0\n",
+    }))
+    assert got == Usage(cpu_s=2.5, peak_memory_bytes=1 << 20, oom_kills=1, pids_peak=4)
+
+
+def test_missing_counters_are_none_not_zero() -> None:
+    assert usage(1, _reader({})) == Usage()
+    assert usage(None, _reader({})).cpu_s is None
+
+
+@pytest.mark.parametrize(("status", "code", "kills", "expected"), [
+    ("signaled", 137, 1, "oom"),
+    ("exited", 137, 1, "oom"),        # a shell whose child was killed
+    ("exited", 0, 1, "exited"),       # survived the loss of a child and succeeded
+    ("signaled", 137, 0, "signaled"),
+    ("timeout", 124, 1, "timeout"),   # corral's own reason stays
+    ("disk-limit", 137, 1, "disk-limit"),
+])
+def test_verdict(status: str, code: int, kills: int, expected: str) -> None:
+    assert verdict(status, code, Usage(oom_kills=kills)) == expected
+    assert verdict(status, code, None) == status
+
+
+def test_proc_cgroup_parsing() -> None:
+    text = "4:memory:/corral/uid-0/R\n2:cpu,cpuacct:/x\n0::/user.slice/s.scope\n"
+    assert parse_proc_cgroup(text) == {"memory": "/corral/uid-0/R", "cpu": "/x",
+                                       "cpuacct": "/x", "": "/user.slice/s.scope"}
+
+
+def test_v2_base_is_the_highest_subtree_the_user_owns() -> None:
+    mount = "/sys/fs/cgroup"
+    user = f"{mount}/user.slice/user-1000.slice/user@1000.service"
+    owned = {user, f"{user}/cgroup.procs", f"{user}/app.slice", f"{user}/app.slice/cgroup.procs",
+             f"{user}/app.slice/t.scope", f"{user}/app.slice/t.scope/cgroup.procs"}
+
+    def owner(path: str) -> int | None:
+        return 1000 if path in owned else 0
+
+    own = "/user.slice/user-1000.slice/user@1000.service/app.slice/t.scope"
+    assert v2_delegated_base(own, mount, owner, 1000) == f"{user}/corral"
+    # A login session's scope belongs to root: nothing is delegated.
+    assert v2_delegated_base("/user.slice/user-1000.slice/session-2.scope", mount, owner,
+                             1000) is None
+
+
+def test_doctor_rows_say_what_is_missing_and_the_fix() -> None:
+    rows = {name: (ok, how) for name, ok, how in doctor_rows(USER_V1, Limits(memory_bytes=1))}
+    assert rows["memory-limit"][0] is False and "corral delegate" in rows["memory-limit"][1]
+    assert rows["disk-limit"][0] is True
+    assert rows["profile-defaults"][0] is False
+    ok = {name: ok for name, ok, _ in doctor_rows(V2, Limits(memory_bytes=1))}
+    assert ok["memory-limit"] and ok["profile-defaults"] and ok["cpu-time-limit"]
+
+
+# -- the disk measure (real files, no sandbox) ----------------------------------------
+
+
+def test_measure_counts_each_inode_once_and_every_entry_at_least_a_block(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x" * 100_000)
+    os.link(tmp_path / "a", tmp_path / "hard")
+    (tmp_path / "link").symlink_to("/usr")  # never followed
+    for i in range(10):
+        (tmp_path / f"empty{i}").touch()
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    use = measure(str(tmp_path))
+    a_blocks = os.stat(tmp_path / "a").st_blocks * 512
+    assert use.bytes == a_blocks + BLOCK * (1 + 10 + 2)  # symlink, empty files, two dirs
+
+
+def test_measure_stops_early_once_over(tmp_path: Path) -> None:
+    for i in range(100):
+        (tmp_path / f"f{i}").touch()
+    use = measure(str(tmp_path), stop_at=10 * BLOCK)
+    assert not use.complete and use.bytes == 11 * BLOCK
+
+
+def test_measure_counts_open_deleted_files_of_given_processes(tmp_path: Path) -> None:
+    with open(tmp_path / "gone", "wb") as f:
+        f.write(b"y" * 1_000_000)
+        f.flush()
+        os.unlink(tmp_path / "gone")
+        assert measure(str(tmp_path)).bytes == 0  # control: the walk alone misses it
+        assert measure(str(tmp_path), pids=[os.getpid()]).bytes >= 1_000_000
+
+
+def test_measure_refuses_what_it_cannot_see(tmp_path: Path) -> None:
+    deep = tmp_path
+    for _ in range(MAX_DEPTH + 1):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    with pytest.raises(Unmeasurable):
+        measure(str(tmp_path))
+
+
+def test_watch_reports_disk_over_the_limit(tmp_path: Path) -> None:
+    watch = Watch(workspace=str(tmp_path), disk_bytes=1 << 20, cpu_s=None)
+    (tmp_path / "before").write_bytes(b"z" * (4 << 20))  # the limit is on what is added
+    watch.start()
+    watch.next_disk = 0
+    assert watch.check() is None
+    (tmp_path / "after").write_bytes(b"z" * (2 << 20))
+    watch.next_disk = 0
+    assert watch.check() == "disk-limit" and watch.describe()["limit_hit"] == "disk"
+
+
+def test_watch_ends_a_run_over_its_cpu_time() -> None:
+    used = [0.5]
+    watch = Watch(workspace="/", disk_bytes=None, cpu_s=1.0, cpu_used=lambda: used[0])
+    watch.start()
+    watch.next_cpu = 0
+    assert watch.check() is None
+    used[0] = 1.2
+    watch.next_cpu = 0
+    assert watch.check() == "timeout" and watch.limit_hit == "cpu"
+    # Without a cgroup to read, there is no CPU-time watch (and the policy was refused).
+    assert Watch(workspace="/", disk_bytes=None, cpu_s=1.0).due() is None
+
+
+def test_a_locked_directory_is_reopened_or_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "d"
+    locked.mkdir()
+    (locked / "f").write_bytes(b"q" * 100_000)
+    locked.chmod(0)
+    try:
+        if os.geteuid() == 0:
+            assert measure(str(tmp_path)).bytes > 100_000  # root reads it regardless
+            return
+        with pytest.raises(Unmeasurable):
+            measure(str(tmp_path))  # control: a plain user cannot read it as it is
+        assert measure(str(tmp_path), restore=True).bytes > 100_000
+        assert locked.stat().st_mode & 0o700 == 0o700
+    finally:
+        locked.chmod(0o700)
+
+
+def test_dry_run_lines_name_the_cgroup_and_what_is_written() -> None:
+    from corral.limits import describe
+
+    lines = describe(plan(Limits(pids=5), V1, False), "R")
+    assert "# cgroup v1: /cg/pids/corral/uid-0/R" in lines
+    assert "#   /cg/pids/corral/uid-0/R/pids.max <- 8" in lines
+    assert describe(plan(Limits(), V1, False))[0].startswith("# cgroup: none")
+
+
+def test_a_directory_without_search_rights_is_restored_or_refused(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "f").write_bytes(b"q" * 100_000)
+    (ws / "d").chmod(0o600)  # readable, not searchable: entries cannot be stat'ed
+    ws.chmod(0o500)
+    try:
+        if os.geteuid() == 0:
+            assert measure(str(ws)).bytes > 100_000
+            return
+        assert measure(str(ws), restore=True).bytes > 100_000
+        assert ws.stat().st_mode & 0o700 == 0o700 and (ws / "d").stat().st_mode & 0o700 == 0o700
+    finally:
+        ws.chmod(0o700)
+        (ws / "d").chmod(0o700)
