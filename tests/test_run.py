@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Identity, processes_with, raw_bwrap
+from conftest import Identity, processes_with, raw_bwrap, raw_bwrap_argv
 
 pytestmark = pytest.mark.sandbox
 
@@ -297,3 +297,77 @@ def test_read_only_extras_under_tmp_are_visible(who: Identity) -> None:
                         "&& echo WROTE; true")
     assert r["stdout"] == "shared\n", r
     assert (extra / "data.txt").read_text() == "shared\n"
+
+
+WINCH_PAYLOAD = r"""
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGWINCH, lambda *_: got.append(1))
+print("ready", flush=True)
+deadline = time.monotonic() + float(sys.argv[1])
+while not got and time.monotonic() < deadline:
+    time.sleep(0.05)
+size = os.get_terminal_size(0)
+print("winch" if got else "none", size.columns, size.lines, flush=True)
+"""
+
+
+def _on_a_terminal(cmd: list[str], env: dict[str, str], cwd: Path) -> str:
+    """Run ``cmd`` on a fresh pseudo-terminal, resize it once it is ready, return its output."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    proc = subprocess.Popen(cmd, stdin=slave, stdout=slave, stderr=slave, env=env, cwd=cwd,
+                            preexec_fn=controlling_terminal)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + 120
+        while b"ready" not in out and time.monotonic() < deadline:
+            out += os.read(master, 4096)
+        fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 132, 0, 0))
+        while b"\n" not in out.split(b"ready", 1)[1].lstrip(b"\r\n") and \
+                time.monotonic() < deadline:
+            out += os.read(master, 4096)
+    except OSError:
+        pass
+    finally:
+        proc.wait(120)
+        os.close(master)
+    return out.decode(errors="replace")
+
+
+def test_terminal_resizes_reach_the_payload(who: Identity, bwrap: str) -> None:
+    script = who.tmp / "winch.py"
+    script.write_text(WINCH_PAYLOAD)
+    who.chown(script)
+    cmd = [*who.prefix(), "-m", "corral", "run", "--input", str(script), "--", "python3",
+           "winch.py", "60"]
+    out = _on_a_terminal(cmd, who.environ(), who.tmp)
+    assert "winch 132 50" in out, out
+    # Control: in a session of its own, without corral passing it on, no resize arrives
+    # (the payload gives up after 5 s).
+    raw = [*raw_bwrap_argv(bwrap, ["--new-session", "--ro-bind", str(script), "/w.py"],
+                           ["/usr/bin/python3", "/w.py", "5"])]
+    out = _on_a_terminal(raw, {"PATH": "/usr/bin:/bin"}, who.tmp)
+    assert "none 132 50" in out, out
+
+
+def test_root_mode_leaves_no_capability_in_any_set(root: Identity, bwrap: str) -> None:
+    show = "grep -E '^Cap(Inh|Prm|Eff|Bnd|Amb):' /proc/self/status"
+    r = root.corral_json("--", "/bin/sh", "-c", show)
+    sets = dict(line.split(":\t") for line in r["stdout"].splitlines())
+    assert sets and all(int(v, 16) == 0 for v in sets.values()), sets
+    # Control: bwrap started by root keeps what it is told to add, inheritable included.
+    ctl = raw_bwrap(bwrap, ["--unshare-pid", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID"],
+                    ["/bin/sh", "-c", show])
+    assert "CapInh:\t0000000000000000" not in ctl.stdout, ctl.stdout

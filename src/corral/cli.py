@@ -403,6 +403,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
             code = cmd_doctor(args) if args.verb == "doctor" else cmd_delegate(args)
+    except BrokenPipeError:
+        code = _reader_gone()
     except CorralError as e:
         print(f"corral: error: {e}", file=sys.stderr)
         if json_mode:
@@ -410,5 +412,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         code = SETUP_FAILED
     except KeyboardInterrupt:
         code = 130
-    sys.stdout.flush()
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        code = _reader_gone()
     sys.exit(code)
+
+
+def _reader_gone() -> int:
+    """stdout's reader left (``corral run --json | head``): exit like SIGPIPE would, quietly."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13

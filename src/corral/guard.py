@@ -59,6 +59,10 @@ def check_writable_root(path: str, what: str, home: str | None = None) -> str:
                          "create it first, or pick an existing directory")
     home = os.path.realpath(home or os.path.expanduser("~"))
     shown = path if real == path else f"{path} (really {real})"
+    if real == "/":
+        raise UsageError(f"refusing to make {shown} writable: it is the root directory",
+                         "the sandbox could then rewrite the whole system",
+                         "run from a project directory such as ~/src/myproject")
     if real == home or _under(home, real):
         raise UsageError(
             f"refusing to make {shown} writable: it is the home directory or contains it",

@@ -25,6 +25,7 @@ the launcher can tell it from the payload's own failures.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -50,6 +51,7 @@ FS_TRUNCATE = 1 << 14  # ABI 3
 SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
 SCOPE_SIGNAL = 1 << 1  # ABI 6
 PR_SET_DUMPABLE = 4
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
 PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -168,10 +170,33 @@ def drop_to(uid: int, gid: int) -> None:
     os.setresuid(uid, uid, uid)
     if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
         raise SetupError(f"could not become uid {uid}, gid {gid}")
+    # setresuid cleared the permitted and effective sets; bwrap's --cap-add also left
+    # these capabilities inheritable.  Harmless under no_new_privs, but nothing is
+    # left to chance: empty every set (lowering needs no privilege).
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    if libc.capset(header, data) != 0:
+        raise SetupError(f"capset: {os.strerror(ctypes.get_errno())}")
     with open("/proc/self/status") as f:
-        eff = next(line for line in f if line.startswith("CapEff:")).split()[1]
-    if int(eff, 16) != 0:
+        sets = {k: int(v, 16) for k, v in (line.split(":") for line in f
+                                           if line.startswith(("CapInh", "CapEff", "CapPrm")))}
+    if any(sets.values()):
         raise SetupError("capabilities survived the drop to an unprivileged uid")
+
+
+def prefer_oom_kill() -> None:
+    """Make the payload, not the init, the first to go when memory runs out.
+
+    The init must survive to report how the run ended.  Raising one's own score
+    needs no privilege, but /proc/self is root's while we are not dumpable: be
+    dumpable for the write (exec resets it anyway).
+    """
+    _libc().prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError as e:
+        raise SetupError(f"cannot set the payload's oom_score_adj: {e.strerror}") from None
 
 
 def set_rlimits(limits: dict[str, list[int]]) -> None:
@@ -186,6 +211,7 @@ def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
             signal.signal(sig, signal.SIG_DFL)
         os.umask(0o022)
         os.chdir(cfg.get("cwd", "/"))
+        prefer_oom_kill()
         set_rlimits(cfg.get("rlimits", {}))
         if cfg.get("landlock") is not None:
             apply_landlock(cfg["landlock"])
@@ -216,6 +242,11 @@ def start_bridge(cfg: dict[str, Any]) -> Any:
     with open(spec["path"], "rb") as f:
         exec(compile(f.read(), spec["path"], "exec"), scope)
     return scope["Bridge"](spec)
+
+
+def _forward(pid: int, sig: int) -> None:
+    with contextlib.suppress(OSError):  # the payload has just ended
+        os.kill(pid, sig)
 
 
 class Reporter:
@@ -258,6 +289,9 @@ def run(config_fd: int, argv: list[str]) -> int:
         report.send(event="error", message=failure.decode(errors="replace"))
         return SETUP_FAILED
     report.send(event="started", pid=pid)
+    # The terminal's resize signal reaches the launcher's process group, not this new
+    # session: the launcher forwards it here, and we pass it on to the payload.
+    signal.signal(signal.SIGWINCH, lambda *_: _forward(pid, signal.SIGWINCH))
     status = os.waitpid(pid, 0)[1] if bridge is None else bridge.serve(pid)
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))

@@ -202,6 +202,7 @@ class Launch:
                 env={}, cwd="/", restore_signals=True, preexec_fn=preexec)
 
         self.started_at = time.monotonic()
+        self._forward_resizes()
         try:
             self.proc = popen(None) if self.cgroup is None else self.cgroup.spawn(popen)
         except OSError as e:
@@ -215,6 +216,29 @@ class Launch:
                 self._close(stderr_fd)
             if self.stdin_data is not None:
                 self._close(self.in_r)
+
+    def _forward_resizes(self) -> None:
+        """On a terminal, pass window-size changes on to the sandbox.
+
+        The sandbox runs in a session of its own (``--new-session``: no terminal
+        injection), so the terminal's SIGWINCH reaches only our process group;
+        corral's init passes it on to the payload.
+        """
+        if self.capture or not os.isatty(0):
+            return
+        with contextlib.suppress(ValueError):  # not the main thread: no resizes
+            self._old_winch = signal.signal(signal.SIGWINCH, self._on_winch)
+
+    def _on_winch(self, signum: int, frame: object) -> None:
+        pid1 = self.outcome.sandbox_pid
+        if pid1 is None:
+            return
+        try:
+            with open(f"/proc/{pid1}/task/{pid1}/children") as f:
+                init = int(f.read().split()[0])
+            os.kill(init, signal.SIGWINCH)
+        except (OSError, ValueError, IndexError):
+            pass  # the run is ending
 
     def _close(self, fd: int) -> None:
         if fd in self.fds:
@@ -410,6 +434,10 @@ class Launch:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
+        old = getattr(self, "_old_winch", None)
+        if old is not None:
+            signal.signal(signal.SIGWINCH, old)
+            self._old_winch = None
 
 
 @contextlib.contextmanager

@@ -102,11 +102,7 @@ def prepare(runs_dir: str, workspace: str | None, inputs: Sequence[str],
 
     ``owner`` is the uid/gid that must own what the payload may write (root mode).
     """
-    check_path(os.path.abspath(runs_dir), "runs directory")
-    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
-    run_id = new_run_id()
-    root = os.path.join(runs_dir, run_id)
-    os.mkdir(root, 0o700)
+    run_id, root = _new_run_root(runs_dir)
     if workspace is None:
         ws = os.path.join(root, "work")
         os.mkdir(ws, 0o700)
@@ -126,12 +122,23 @@ def prepare(runs_dir: str, workspace: str | None, inputs: Sequence[str],
 
 def record_dir(runs_dir: str, project: str) -> RunDir:
     """A run directory holding only a record: agent mode works in the user's project."""
+    run_id, root = _new_run_root(runs_dir)
+    return RunDir(run_id, root, project, fresh=False)
+
+
+def _new_run_root(runs_dir: str) -> tuple[str, str]:
+    """A fresh ``RUNS/<run-id>`` directory, private to the launcher."""
     check_path(os.path.abspath(runs_dir), "runs directory")
-    os.makedirs(runs_dir, mode=0o700, exist_ok=True)
     run_id = new_run_id()
     root = os.path.join(runs_dir, run_id)
-    os.mkdir(root, 0o700)
-    return RunDir(run_id, root, project, fresh=False)
+    try:
+        os.makedirs(runs_dir, mode=0o700, exist_ok=True)
+        os.mkdir(root, 0o700)
+    except OSError as e:
+        raise UsageError(f"cannot create a run directory in {runs_dir}", e.strerror or str(e),
+                         "pass --runs-dir DIR or set CORRAL_RUNS_DIR to a writable "
+                         "directory") from None
+    return run_id, root
 
 
 def copy_in(ws_fd: int, src: str, owner: tuple[int, int] | None) -> None:

@@ -277,12 +277,11 @@ PRIVILEGE = (
           attempts=(attempt("create", path="{tag}-owner"),),
           watches=(Watch("owner", "{tag}-owner"),)),
     Check("privilege-capabilities", "privilege", "read the capability sets",
-          "permitted, effective, ambient and bounding sets empty",
-          "any capability is a step towards root; the inheritable set is shown but cannot be "
-          "used under no_new_privs with an empty bounding set",
-          status(lambda f: zero(f, "CapPrm", "CapEff", "CapAmb", "CapBnd"),
-                 "CapPrm={CapPrm} CapEff={CapEff} CapAmb={CapAmb} CapBnd={CapBnd} "
-                 "(CapInh={CapInh})"), attempts=(attempt("status"),)),
+          "every set empty: inheritable, permitted, effective, ambient and bounding",
+          "any capability is a step towards root",
+          status(lambda f: zero(f, "CapInh", "CapPrm", "CapEff", "CapAmb", "CapBnd"),
+                 "CapInh={CapInh} CapPrm={CapPrm} CapEff={CapEff} CapAmb={CapAmb} "
+                 "CapBnd={CapBnd}"), attempts=(attempt("status"),)),
     Check("privilege-no-new-privs", "privilege", "read no_new_privs", "set",
           "without it, setuid programs regain root", status(
               lambda f: f.get("NoNewPrivs") == "1", "NoNewPrivs={NoNewPrivs}"),
