@@ -99,7 +99,7 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
     """The sandbox :func:`run` would start, checked the same way, creating nothing."""
     policy = policy or Policy()
     facts = host.detect()
-    rules = egress.compile_rules(policy.network)
+    wants_network = _check_network(policy)
     enforce.check(policy, facts)
     workspace.check_inputs(inputs)
     if workspace_dir is not None:
@@ -109,7 +109,14 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
         ws = os.path.join(runs_dir or workspace.default_runs_dir(), "RUN-ID", "work")
         uid, gid = resolve.sandbox_identity(policy, facts, None)
     sb = resolve.resolve_run(policy, list(cmd), facts, ws, uid, gid, env)
-    return egress.attach(sb, egress.Bridge(None)) if rules.enabled else sb
+    return egress.attach(sb, egress.Bridge(None)) if wants_network else sb
+
+
+def _check_network(policy: Policy) -> bool:
+    """Validate the egress rules (UsageError before anything exists); whether any name is
+    allowed, so that a proxy must start."""
+    net = policy.network
+    return bool((net.allow or net.deny or net.resolve) and egress.compile_rules(net).enabled)
 
 
 def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str | None = None,
@@ -124,7 +131,7 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     """
     policy = policy or Policy()
     facts = host.detect()
-    egress.compile_rules(policy.network)  # bad rules: refused before anything is created
+    _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
     run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir, inputs=inputs,
                                   runs_dir=runs_dir, facts=facts)
@@ -164,9 +171,9 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
 def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
                env: Sequence[tuple[str, str]] = ()) -> tuple[Sandbox, agent.Layout]:
     """The sandbox :func:`run_agent` would start in ``project``, creating nothing."""
-    rules = egress.compile_rules(policy.network)
+    wants_network = _check_network(policy)
     sb, layout = agent.resolve_agent(policy, list(cmd), host.detect(), project, env)
-    return (egress.attach(sb, egress.Bridge(None)) if rules.enabled else sb), layout
+    return (egress.attach(sb, egress.Bridge(None)) if wants_network else sb), layout
 
 
 def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool = False,
@@ -179,7 +186,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     goes under the runs directory.  ``announce`` sees the sandbox just before launch.
     """
     facts = host.detect()
-    egress.compile_rules(policy.network)  # bad rules: refused before anything is created
+    _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
     sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env)
     if announce is not None:
@@ -228,7 +235,9 @@ def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, 
     ``measured`` is the directory whose growth counts against the disk limit.
     Returns the limited outcome, the egress denials and the egress log's path.
     """
-    with egress.open_session(policy.network, record_dir) as net:
+    net = egress.open_session(policy.network, record_dir) if policy.network.allow \
+        else egress.NoEgress()
+    with net:
         limited = enforce.launch_limited(
             net.attach(sb), policy, facts, cg_plan, run_id, measured, capture=capture,
             stdin=stdin, output_cap=policy.limits.output_bytes,

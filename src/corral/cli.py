@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
@@ -67,11 +67,10 @@ def _agent_options(p: argparse.ArgumentParser) -> None:
                    "project owner's when started by root)")
 
 
-def _run_parser(sub: Any) -> None:
-    p = sub.add_parser("run", help="run one command in a fresh sandbox",
-                       usage="corral run [options] -- CMD [ARG...]",
-                       description="Run CMD with /work (a fresh per-run directory) as the only "
-                       "writable path, no network, a clean environment and limits.")
+def _run_parser(p: argparse.ArgumentParser) -> None:
+    p.usage = "corral run [options] -- CMD [ARG...]"
+    p.description = ("Run CMD with /work (a fresh per-run directory) as the only writable "
+                     "path, no network, a clean environment and limits.")
     _common(p, "python, node, shell, or a TOML file (default: from CMD's name)")
     p.add_argument("--workspace", metavar="DIR", help="use DIR as /work instead of a fresh one")
     p.add_argument("--input", metavar="PATH", action="append", default=[],
@@ -102,21 +101,22 @@ def network_from_args(network: Any, args: argparse.Namespace) -> Any:
                    resolve=(*network.resolve, *(parse_pin(p) for p in args.resolve)))
 
 
-def _agent_parsers(sub: Any) -> None:
-    a = sub.add_parser("agent", help="run a coding agent in this project directory",
-                       usage="corral agent [options] -- AGENT [ARG...]",
-                       description="Run AGENT with this directory writable, the rest of the "
-                       "system read-only, the home directory hidden, and network only to the "
-                       "profile's model API (and --allow-domain names) through corral's proxy.")
+def _agent_parser(a: argparse.ArgumentParser) -> None:
+    a.usage = "corral agent [options] -- AGENT [ARG...]"
+    a.description = ("Run AGENT with this directory writable, the rest of the system "
+                     "read-only, the home directory hidden, and network only to the profile's "
+                     "model API (and --allow-domain names) through corral's proxy.")
     _common(a, "claude, codex, pi, aider, gemini, generic, or a TOML file "
                "(default: from AGENT's name)")
     _agent_options(a)
-    s = sub.add_parser("shell", help="run one shell command under agent-mode rules",
-                       usage="corral shell [options] (-c CMD | -- ARGV...)",
-                       description="Run CMD with /bin/bash -c (or /bin/sh), or ARGV as given, "
-                       "in this project directory, with the same filesystem rules as corral "
-                       "agent and no network unless --allow-domain: per-command isolation for "
-                       "agents that let you set a shell or a command prefix.")
+
+
+def _shell_parser(s: argparse.ArgumentParser) -> None:
+    s.usage = "corral shell [options] (-c CMD | -- ARGV...)"
+    s.description = ("Run CMD with /bin/bash -c (or /bin/sh), or ARGV as given, in this "
+                     "project directory, with the same filesystem rules as corral agent and no "
+                     "network unless --allow-domain: per-command isolation for agents that let "
+                     "you set a shell or a command prefix.")
     _common(s, "generic (default), an agent's profile, or a TOML file")
     _agent_options(s)
     s.add_argument("-c", dest="command", metavar="CMD", help="the command, run by the shell")
@@ -128,30 +128,12 @@ def _relaxations() -> tuple[str, ...]:
     return Allow.names()
 
 
-def _parser() -> Parser:
-    parser = Parser(prog="corral", usage=USAGE,
-                    description="Sandbox AI coding agents and the scripts they write.")
-    sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
-    _run_parser(sub)
-    _agent_parsers(sub)
-    d = sub.add_parser("doctor", help="what this host supports and which protections hold")
-    d.add_argument("--json", action="store_true")
-    _probe_parser(sub)
-    g = sub.add_parser("delegate", help="as root: let USER's runs have cgroup limits (v1 hosts)",
-                       description="Create <cgroup v1 hierarchy>/corral/uid-UID for USER, owned "
-                       "by them, so that their runs can have memory, pids and CPU limits.")
-    g.add_argument("--user", required=True, metavar="NAME")
-    g.add_argument("--undo", action="store_true", help="remove the delegation again")
-    return parser
-
-
-def _probe_parser(sub: Any) -> None:
-    p = sub.add_parser("probe", help="prove the sandbox on this machine: escape attempts",
-                       usage="corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]",
-                       description="Plant canaries (a fake home with fake credentials, "
-                       "loopback servers, a keyring key...), run a battery of escape attempts "
-                       "inside the sandbox, check the host afterwards.  Exit 0 only if every "
-                       "check passed.  See docs/probe.md.")
+def _probe_parser(p: argparse.ArgumentParser) -> None:
+    p.usage = "corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]"
+    p.description = ("Plant canaries (a fake home with fake credentials, loopback servers, a "
+                     "keyring key...), run a battery of escape attempts inside the sandbox, "
+                     "check the host afterwards.  Exit 0 only if every check passed.  See "
+                     "docs/probe.md.")
     p.add_argument("--profile", metavar="NAME|FILE",
                    help="the corral profile to audit (default: generic)")
     p.add_argument("--launcher", metavar="'PREFIX ...'",
@@ -160,6 +142,40 @@ def _probe_parser(sub: Any) -> None:
     p.add_argument("--check", metavar="ID|CATEGORY", action="append", default=[],
                    help="only these checks (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _doctor_parser(d: argparse.ArgumentParser) -> None:
+    d.add_argument("--json", action="store_true")
+
+
+def _delegate_parser(g: argparse.ArgumentParser) -> None:
+    g.description = ("Create <cgroup v1 hierarchy>/corral/uid-UID for USER, owned by them, so "
+                     "that their runs can have memory, pids and CPU limits.")
+    g.add_argument("--user", required=True, metavar="NAME")
+    g.add_argument("--undo", action="store_true", help="remove the delegation again")
+
+
+# verb -> (one-line help, what fills its parser).  Only the verb being run gets its options:
+# argparse is slow to build, and this runs at every start.
+VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "run": ("run one command in a fresh sandbox", _run_parser),
+    "agent": ("run a coding agent in this project directory", _agent_parser),
+    "shell": ("run one shell command under agent-mode rules", _shell_parser),
+    "probe": ("prove the sandbox on this machine: escape attempts", _probe_parser),
+    "doctor": ("what this host supports and which protections hold", _doctor_parser),
+    "delegate": ("as root: let USER's runs have cgroup limits (v1 hosts)", _delegate_parser),
+}
+
+
+def _parser(verb: str | None) -> Parser:
+    parser = Parser(prog="corral", usage=USAGE,
+                    description="Sandbox AI coding agents and the scripts they write.")
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    for name, (help_text, fill) in VERBS.items():
+        p = sub.add_parser(name, help=help_text)
+        if name == verb:
+            fill(p)
+    return parser
 
 
 def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -392,7 +408,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     options, cmd = _split(argv)
     json_mode = "--json" in options
     try:
-        args = _parser().parse_args(options)
+        verb = next((a for a in options if not a.startswith("-")), None)
+        args = _parser(verb).parse_args(options)
         if args.verb == "run":
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):

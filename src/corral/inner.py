@@ -19,20 +19,25 @@ corral's checkout or virtualenv.  In order, it:
     the bridge meanwhile), reports how the payload ended on the status
     descriptor, and exits the same way.
 
+Its config is marshalled by the launcher, which runs the same interpreter.
 A setup failure is reported as an ``error`` event and exit status 125, so
 the launcher can tell it from the payload's own failures.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import json
+import marshal
 import os
 import resource
 import signal
 import sys
-from typing import Any
+
+# Every import here is paid on every launch, inside the sandbox: no json (it pulls in
+# re), no typing (TYPE_CHECKING is spelled out so that mypy still sees the names).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 SETUP_FAILED = 125
 
@@ -245,8 +250,10 @@ def start_bridge(cfg: dict[str, Any]) -> Any:
 
 
 def _forward(pid: int, sig: int) -> None:
-    with contextlib.suppress(OSError):  # the payload has just ended
+    try:
         os.kill(pid, sig)
+    except OSError:  # the payload has just ended
+        return
 
 
 class Reporter:
@@ -255,18 +262,27 @@ class Reporter:
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
 
-    def send(self, **event: Any) -> None:
+    def send(self, **event: str | int) -> None:
         if self.fd is None:
             return
+        line = ", ".join(f'"{k}": {_json_value(v)}' for k, v in event.items())
         try:
-            os.write(self.fd, (json.dumps(event) + "\n").encode())
+            os.write(self.fd, ("{" + line + "}\n").encode())
         except OSError:
             self.fd = None  # the launcher is gone; bwrap's --die-with-parent ends us
 
 
+def _json_value(value: str | int) -> str:
+    """A JSON number or string, without importing json."""
+    if isinstance(value, int):
+        return str(value)
+    escaped = "".join(c if c >= " " and c not in '"\\' else f"\\u{ord(c):04x}" for c in value)
+    return f'"{escaped}"'
+
+
 def run(config_fd: int, argv: list[str]) -> int:
     with os.fdopen(config_fd, "rb") as f:
-        cfg = json.loads(f.read())
+        cfg = marshal.loads(f.read())  # written by the launcher's own Python version
     report = Reporter(cfg.get("status_fd"))
     try:
         if cfg.get("uid") is not None and os.getuid() == 0:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import marshal
 import os
 import selectors
 import shlex
@@ -168,7 +169,7 @@ class Launch:
         """bwrap's argv and the descriptors it must inherit."""
         config = dict(self.sb.init_config, status_fd=status_w, stderr_fd=stderr_fd,
                       cwd=self.sb.chdir)
-        config_fd = self.handles.fd(Data("init-config", json.dumps(config).encode()))
+        config_fd = self.handles.fd(Data("init-config", marshal.dumps(config)))
         ops = bwrap.build_ops(self.sb, status_fd=json_w)
         words = bwrap.render(ops, self.handles)
         args_fd = memfd("args", b"".join(w.encode() + b"\0" for w in words))

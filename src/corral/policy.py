@@ -129,9 +129,10 @@ class Network:
     resolve: tuple[tuple[str, str], ...] = ()  # NAME -> ADDRESS pins, like curl --resolve
 
     def __post_init__(self) -> None:
-        from .egress.rules import parse_network  # pure; raises UsageError saying why
+        if self.allow or self.deny or self.resolve:  # no network: nothing to parse or import
+            from .egress.rules import parse_network  # pure; raises UsageError saying why
 
-        parse_network(self)
+            parse_network(self)
 
 
 @dataclass(frozen=True, slots=True)

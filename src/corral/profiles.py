@@ -26,7 +26,6 @@ import os
 import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from importlib import resources
 from typing import Any
 
 from .errors import ProfileError, UsageError
@@ -170,10 +169,11 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
         raise ProfileError(f"{where}: {e}") from None
 
 
+SHIPPED = os.path.join(os.path.dirname(__file__), "profiles")
+
+
 def builtin_profiles() -> list[str]:
-    folder = resources.files("corral").joinpath("profiles")
-    return sorted(p.name.removesuffix(".toml") for p in folder.iterdir()
-                  if p.name.endswith(".toml"))
+    return sorted(n.removesuffix(".toml") for n in os.listdir(SHIPPED) if n.endswith(".toml"))
 
 
 def load_profile(name_or_path: str) -> Policy:
@@ -188,15 +188,16 @@ def load_profile(name_or_path: str) -> Policy:
                                "check the path") from None
         name = os.path.basename(path).removesuffix(".toml")
     else:
-        resource = resources.files("corral").joinpath("profiles", f"{name_or_path}.toml")
-        if not resource.is_file():
+        shipped = os.path.join(SHIPPED, f"{name_or_path}.toml")
+        if "\0" in name_or_path or not os.path.isfile(shipped):
             known = builtin_profiles()
             close = difflib.get_close_matches(name_or_path, known, n=1)
             raise ProfileError(f"no profile named {name_or_path!r}",
                                f"did you mean {close[0]!r}?" if close
                                else f"shipped profiles: {', '.join(known)}",
                                "give a shipped name or a path to a .toml file")
-        text, name, path = resource.read_bytes(), name_or_path, f"profile {name_or_path}"
+        with open(shipped, "rb") as f:
+            text, name, path = f.read(), name_or_path, f"profile {name_or_path}"
     try:
         data = tomllib.loads(text.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

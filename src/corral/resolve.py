@@ -14,7 +14,6 @@ import re
 import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any
 
 from . import seccomp
@@ -318,7 +317,8 @@ def check_host(policy: Policy, host: HostFacts) -> bool:
 
 
 def init_source() -> bytes:
-    return resources.files("corral").joinpath("inner.py").read_bytes()
+    with open(os.path.join(os.path.dirname(__file__), "inner.py"), "rb") as f:
+        return f.read()
 
 
 def kernel_layers(policy: Policy, host: HostFacts, uid: int, gid: int,

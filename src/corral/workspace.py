@@ -13,10 +13,8 @@ opening, and caps how much it reads, hashes and lists.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import secrets
 import stat
 import time
 from collections.abc import Iterator, Sequence
@@ -77,7 +75,7 @@ def default_runs_dir() -> str:
 
 
 def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(4)
+    return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + os.urandom(4).hex()
 
 
 def check_inputs(inputs: Sequence[str]) -> list[str]:
@@ -148,7 +146,7 @@ def copy_in(ws_fd: int, src: str, owner: tuple[int, int] | None) -> None:
     left at the destination by an earlier run is replaced, never followed.
     """
     name = os.path.basename(src.rstrip("/"))
-    tmp = f".corral-input-{secrets.token_hex(6)}"
+    tmp = f".corral-input-{os.urandom(6).hex()}"
     _copy(src, ws_fd, tmp, owner)
     try:
         os.rename(tmp, name, src_dir_fd=ws_fd, dst_dir_fd=ws_fd)
@@ -256,6 +254,8 @@ def snapshot(root: str) -> dict[str, Stamp]:
 
 
 def _sha256(dir_fd: int, name: str, budget: list[int]) -> str | None:
+    import hashlib  # not at import time: most runs hash nothing
+
     try:
         fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError:
@@ -345,7 +345,7 @@ def _readlink(dir_fd: int, name: str) -> str | None:
 
 def write_record(path: str, record: dict[str, Any]) -> None:
     """Write the run record atomically: a reader sees the old one or the new one."""
-    tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+    tmp = f"{path}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump(record, f, indent=2, sort_keys=True)

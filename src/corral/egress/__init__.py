@@ -21,12 +21,13 @@ __all__ = ["Bridge", "Decision", "NoEgress", "Rules", "Session", "attach", "comp
            "open_session", "proxy_env"]
 
 _WHERE = {"Decision": "rules", "Rules": "rules", "compile_rules": "rules",
-          "Bridge": "session", "NoEgress": "session", "Session": "session", "attach": "session",
+          "Bridge": "session", "NoEgress": "off", "Session": "session", "attach": "session",
           "open_session": "session", "proxy_env": "session"}
 
 if TYPE_CHECKING:
+    from .off import NoEgress
     from .rules import Decision, Rules, compile_rules
-    from .session import Bridge, NoEgress, Session, attach, open_session, proxy_env
+    from .session import Bridge, Session, attach, open_session, proxy_env
 
 
 def __getattr__(name: str) -> Any:

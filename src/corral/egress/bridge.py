@@ -32,7 +32,10 @@ import _socket
 import os
 import select
 import sys
-from typing import Any
+
+TYPE_CHECKING = False  # no typing import at run time: this file starts with every launch
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Bridge"]
 

@@ -20,23 +20,26 @@ the log closed.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import resource
 import socket
 import threading
 from dataclasses import dataclass, replace
-from importlib import resources
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..bwrap import Sandbox
 from ..errors import LaunchError
 from ..policy import Network
 from .log import DecisionLog
-from .proxy import Proxy, Resolver, system_resolver
+from .off import NoEgress
 from .rules import Rules, compile_rules
+
+if TYPE_CHECKING:  # asyncio costs ~15 ms to import: only a run that allows a name pays it
+    import asyncio
+
+    from .proxy import Resolver
 
 __all__ = ["BRIDGE_PATH", "BRIDGE_PORT", "Bridge", "NoEgress", "Session", "attach",
            "open_session", "proxy_env"]
@@ -66,7 +69,8 @@ def proxy_env(port: int = BRIDGE_PORT) -> tuple[tuple[str, str], ...]:
 
 
 def bridge_source() -> bytes:
-    return resources.files("corral.egress").joinpath("bridge.py").read_bytes()
+    with open(os.path.join(os.path.dirname(__file__), "bridge.py"), "rb") as f:
+        return f.read()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,33 +96,11 @@ def attach(sb: Sandbox, bridge: Bridge) -> Sandbox:
                    init_config={**sb.init_config, "egress": bridge.config()})
 
 
-class NoEgress:
-    """The policy allows no name: no proxy, no bridge, nothing to close."""
-
-    pass_fds: tuple[int, ...] = ()
-    log_path: str | None = None
-
-    def attach(self, sb: Sandbox) -> Sandbox:
-        return sb
-
-    def denials(self) -> tuple[dict[str, Any], ...]:
-        return ()
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> NoEgress:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
 class Session:
     """A running proxy for one run; use as a context manager (see the module docstring)."""
 
     def __init__(self, rules: Rules, record_dir: str | None, *,
-                 resolver: Resolver = system_resolver,
+                 resolver: Resolver | None = None,
                  max_connections: int = MAX_CONNECTIONS) -> None:
         self.rules = rules
         self.log_path = None if record_dir is None else os.path.join(record_dir, LOG_NAME)
@@ -151,8 +133,12 @@ class Session:
         return self
 
     def _run(self) -> None:
+        import asyncio
+
+        from .proxy import Proxy, system_resolver
+
         loop = asyncio.new_event_loop()
-        proxy = Proxy(self.rules, self.log or DecisionLog(None), self.resolver,
+        proxy = Proxy(self.rules, self.log or DecisionLog(None), self.resolver or system_resolver,
                       self.max_connections)
         try:
             assert self.ours is not None
@@ -231,7 +217,7 @@ def _fd_budget(wanted: int) -> int:
 
 
 def open_session(network: Network, record_dir: str | None, *,
-                 resolver: Resolver = system_resolver,
+                 resolver: Resolver | None = None,
                  max_connections: int = MAX_CONNECTIONS) -> Session | NoEgress:
     """Start the egress proxy for one run, or return :class:`NoEgress` if nothing is allowed.
 
