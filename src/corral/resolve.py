@@ -8,6 +8,7 @@ pyenv shim when its version cannot be read from files.
 
 from __future__ import annotations
 
+import functools
 import os
 import pwd
 import re
@@ -202,6 +203,7 @@ def _venv(path: str) -> tuple[str, str | None]:
     return real, _prefix_of(os.path.join(home, "python")) if home else None
 
 
+@functools.cache  # like host.detect(): the host's layout is read once per process
 def _usr_links() -> tuple[tuple[str, str], ...]:
     links = []
     for name in USR_MERGE:
@@ -211,7 +213,12 @@ def _usr_links() -> tuple[tuple[str, str], ...]:
     return tuple(links)
 
 
-def _system_mounts() -> Iterator[Mount]:
+@functools.cache
+def _system_mounts() -> tuple[Mount, ...]:
+    return tuple(_find_system_mounts())
+
+
+def _find_system_mounts() -> Iterator[Mount]:
     for name in USR_MERGE:  # hosts without usr-merge: real /bin, /lib directories
         path = "/" + name
         if os.path.isdir(path) and not os.path.islink(path):
@@ -316,6 +323,7 @@ def check_host(policy: Policy, host: HostFacts) -> bool:
                     "--allow nested-userns")
 
 
+@functools.cache  # the installed package does not change under a running process
 def init_source() -> bytes:
     with open(os.path.join(os.path.dirname(__file__), "inner.py"), "rb") as f:
         return f.read()

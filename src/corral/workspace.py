@@ -345,9 +345,13 @@ def _readlink(dir_fd: int, name: str) -> str | None:
 
 def write_record(path: str, record: dict[str, Any]) -> None:
     """Write the run record atomically: a reader sees the old one or the new one."""
+    data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
     tmp = f"{path}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f, indent=2, sort_keys=True)
-        f.write("\n")
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
     os.rename(tmp, path)
