@@ -152,16 +152,9 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
         workspace.write_record(run_dir.record_path, record)
         raise
     changes, cut = workspace.collect(run_dir.workspace, before)
-    outcome, used = limited.outcome, limited.usage
-    result = Result(
-        exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
-        wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
-        peak_memory_bytes=None if used is None else used.peak_memory_bytes,
-        stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
-        workspace=run_dir.workspace, record=run_dir.record_path, run_id=run_dir.run_id,
-        changes=tuple(changes), changes_truncated=cut, denials=denials,
-        unenforced_limits=cg_plan.unenforced,
-    )
+    result = _result(limited, denials, cg_plan, workspace=run_dir.workspace,
+                     record=run_dir.record_path, run_id=run_dir.run_id,
+                     changes=tuple(changes), changes_truncated=cut)
     record.update(result.to_json(), limits=limited.record)
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     workspace.write_record(run_dir.record_path, record)
@@ -210,21 +203,26 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
             workspace.write_record(run_dir.record_path, {**entry, "status": "error",
                                                          "error": str(e)})
         raise
-    outcome, used = limited.outcome, limited.usage
-    result = Result(
-        exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
-        wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
-        peak_memory_bytes=None if used is None else used.peak_memory_bytes,
-        stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
-        workspace=layout.project, record=run_dir.record_path if run_dir else "",
-        run_id=run_dir.run_id if run_dir else "", denials=denials,
-        unenforced_limits=cg_plan.unenforced,
-    )
+    result = _result(limited, denials, cg_plan, workspace=layout.project,
+                     record=run_dir.record_path if run_dir else "",
+                     run_id=run_dir.run_id if run_dir else "")
     if run_dir is not None:
         workspace.write_record(run_dir.record_path, {
             **entry, **result.to_json(), "limits": limited.record,
             "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
     return result
+
+
+def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan,
+            **where: Any) -> Result:
+    """The Result of a finished launch; ``where`` names its workspace, record and changes."""
+    outcome, used = limited.outcome, limited.usage
+    return Result(
+        exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
+        wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
+        peak_memory_bytes=None if used is None else used.peak_memory_bytes,
+        stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
+        denials=denials, unenforced_limits=cg_plan.unenforced, **where)
 
 
 def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, run_id: str,

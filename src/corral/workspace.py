@@ -253,26 +253,35 @@ def snapshot(root: str) -> dict[str, Stamp]:
             for path, st, _ in _walk(root)}
 
 
-def _sha256(dir_fd: int, name: str, budget: list[int]) -> str | None:
-    import hashlib  # not at import time: most runs hash nothing
-
+@contextlib.contextmanager
+def _regular(dir_fd: int, name: str) -> Iterator[tuple[int, os.stat_result] | None]:
+    """An entry of an untrusted tree, opened without following a link or blocking on a
+    FIFO: (descriptor, fstat) when it is a regular file, None otherwise."""
     try:
         fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError:
-        return None
+        yield None
+        return
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > budget[0]:
+        yield (fd, st) if stat.S_ISREG(st.st_mode) else None
+    finally:
+        os.close(fd)
+
+
+def _sha256(dir_fd: int, name: str, budget: list[int]) -> str | None:
+    import hashlib  # not at import time: most runs hash nothing
+
+    with _regular(dir_fd, name) as found:
+        if found is None or found[1].st_size > budget[0]:
             return None
         digest = hashlib.sha256()
-        while chunk := os.read(fd, 1 << 20):
+        while chunk := os.read(found[0], 1 << 20):
             budget[0] -= len(chunk)
             if budget[0] < 0:
                 return None
             digest.update(chunk)
         return digest.hexdigest()
-    finally:
-        os.close(fd)
 
 
 def _strip_setid(dir_fd: int, name: str, st: os.stat_result) -> bool:
@@ -281,20 +290,14 @@ def _strip_setid(dir_fd: int, name: str, st: os.stat_result) -> bool:
     A set-ID program in a workspace that other local users can reach would run
     with the owner's identity; nothing a sandboxed payload writes deserves that.
     """
-    try:
-        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
-    except OSError:
-        return False
-    try:
-        now = os.fstat(fd)
-        if (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev) or not stat.S_ISREG(now.st_mode):
+    with _regular(dir_fd, name) as found:
+        if found is None or (found[1].st_ino, found[1].st_dev) != (st.st_ino, st.st_dev):
             return False
-        os.fchmod(fd, stat.S_IMODE(now.st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        try:
+            os.fchmod(found[0], stat.S_IMODE(found[1].st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
+        except OSError:
+            return False
         return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
 
 
 def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
