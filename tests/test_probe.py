@@ -1,9 +1,6 @@
 """``corral probe``: the catalogue, the battery, and every check against its negative control.
 
-Every built-in profile must pass every check.  Checks whose protection another
-branch is still adding may fail until that branch is merged: PENDING is keyed by
-the module that brings the protection, so the allowance vanishes by itself once
-the module exists.
+Every built-in profile must pass every check.
 
 No check may pass vacuously: each must FAIL under a launcher that lacks the
 protection it tests.  As root, ``none`` (no sandbox) is that launcher for every
@@ -17,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import importlib.util
 import ipaddress
 import json
 import os
@@ -45,13 +41,6 @@ ROOT = Path(__file__).resolve().parent.parent
 BATTERY = ROOT / "src" / "corral" / "probe" / "battery.py"
 IDS = {c.id for c in CATALOGUE}
 
-PENDING = {  # module that brings the protection -> checks that may fail until it is merged
-    "corral.seccomp": {"secrets-keyring", "network-vsock", "privilege-seccomp",
-                       "privilege-userns", "privilege-keyctl", "privilege-bpf",
-                       "privilege-io-uring", "privilege-perf-event", "privilege-userfaultfd"},
-    "corral.cgroups": {"resources-processes", "resources-memory", "resources-workspace",
-                       "resources-tmp", "resources-shm"},
-}
 CRAFTED = {  # checks that `none` does not exercise here -> a launcher lacking the protection
     "secrets-pid1-environ": "bwrap --dev-bind / / --unshare-pid --proc /proc",
     "lifecycle-exit-status": "sh -c '\"$@\"; exit 0' sh",
@@ -65,11 +54,6 @@ HOST_SETTLED = {  # a plain user is stopped by the host's own permissions, sandb
 SEED_FAILURES = {"secrets-fake-creds", "network-tcp-loopback", "launch-from-home"}
 
 pytestmark = pytest.mark.sandbox
-
-
-def _allowed_to_fail() -> set[str]:
-    return {c for module, checks in PENDING.items()
-            if importlib.util.find_spec(module) is None for c in checks}
 
 
 def _read(path: str) -> str:
@@ -123,7 +107,6 @@ def test_catalogue_is_a_table_of_unique_checks() -> None:
         assert c.attempted and c.expected and c.why, c.id
         assert c.attempts or c.id in ("lifecycle-exit-status", "lifecycle-timeout-tree"), c.id
     assert set(CRAFTED) <= IDS and HOST_SETTLED <= IDS and SEED_FAILURES <= IDS
-    assert set().union(*PENDING.values()) <= IDS
 
 
 def test_every_check_is_documented() -> None:
@@ -263,8 +246,8 @@ def assert_cleaned_up(run: str) -> None:
 @pytest.mark.parametrize("profile", builtin_profiles())
 def test_every_builtin_profile_passes_every_check(who: Identity, profile: str) -> None:
     data = probe(who, "--profile", profile)
-    unexpected = data["failed_ids"] - _allowed_to_fail()
-    assert not unexpected, {i: data["observed"][i] for i in unexpected}
+    failed = data["failed_ids"]
+    assert not failed, {i: data["observed"][i] for i in failed}
     assert_cleaned_up(data["run"])
 
 
