@@ -246,3 +246,8 @@ def root(shared_tmp: Path, readable_src: Path, bwrap: str) -> Iterator[Identity]
     yield ident
     with contextlib.suppress(OSError):
         shutil.rmtree(ident.tmp)
+
+
+# The agent-mode lab (a fake home and project) is a fixture for several test files; it is
+# defined beside its helpers and registered here, after everything it imports from us.
+from agent_lab import lab  # noqa: E402,F401

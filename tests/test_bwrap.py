@@ -36,18 +36,21 @@ def test_user_mode_argv_is_exact() -> None:
         "--die-with-parent", "--new-session", "--hostname", "corral",
         "--ro-bind", "/usr", "/usr",
         "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-        "--proc", "/proc", "--dev", "/dev",
-        "--size", "1000", "--perms", "1777", "--tmpfs", "/tmp",
+        "--proc", "/proc",
+        "--perms", "0444", "--ro-bind-data", "10", "/proc/keys",
+        "--perms", "0444", "--ro-bind-data", "11", "/proc/key-users",
+        "--dev", "/dev",
         "--size", "500", "--perms", "1777", "--tmpfs", "/dev/shm",
+        "--size", "1000", "--perms", "1777", "--tmpfs", "/tmp",
         "--perms", "0755", "--dir", "/etc",
         "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
         "--perms", "0755", "--dir", "/opt",
         "--perms", "0755", "--dir", "/opt/py",
         "--ro-bind", "/opt/py/3.12", "/opt/py/3.12",
-        "--bind-fd", "10", "/work",
-        "--perms", "0444", "--ro-bind-data", "11", "/etc/passwd",
+        "--bind-fd", "12", "/work",
+        "--perms", "0444", "--ro-bind-data", "13", "/etc/passwd",
         "--perms", "0755", "--dir", "/run/corral",
-        "--perms", "0444", "--ro-bind-data", "12", "/run/corral/init.py",
+        "--perms", "0444", "--ro-bind-data", "14", "/run/corral/init.py",
         "--clearenv", "--setenv", "PATH", "/usr/bin", "--setenv", "HOME", "/work",
         "--chdir", "/",
         "--json-status-fd", "7",
@@ -78,7 +81,7 @@ def test_clearenv_comes_before_every_setenv() -> None:
 def test_writable_mounts_always_go_by_descriptor() -> None:
     mounts = run_mounts((), (), [Mount("/p", "/p", writable=True)], (), 1, 1)
     words = render(mounts, Numbering(first=3))
-    assert words[words.index("--bind-fd"):words.index("--bind-fd") + 3] == ["--bind-fd", "3", "/p"]
+    assert words[words.index("--bind-fd"):words.index("--bind-fd") + 3] == ["--bind-fd", "5", "/p"]
     assert "--bind" not in words
 
 

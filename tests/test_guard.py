@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import guard
+from corral import discover, guard
 from corral.agent import Entry, Layout, agent_mounts, agent_seal
 from corral.bwrap import render
 from corral.errors import UsageError
@@ -62,7 +62,7 @@ def test_scan_finds_what_must_be_protected_or_hidden(tmp_path: Path) -> None:
                      "k/id_ed25519": "", "k/id_ed25519.pub": "", ".vscode/tasks.json": "",
                      "deep/er/.bashrc": "", "src/main.py": "", "nested/.ssh/x": "",
                      "id_utils.py": ""})
-    found = {(os.path.relpath(f.path, tmp_path), f.action) for f in guard.scan(str(tmp_path))}
+    found = {(os.path.relpath(f.path, tmp_path), f.action) for f in discover.scan(str(tmp_path))}
     assert {(".git", "pin"), (".git/hooks", "protect"), (".git/config", "protect"),
             ("a/b/.git", "pin"), ("a/b/.git/hooks", "protect"), (".env", "hide"),
             ("k/server.pem", "hide"), ("k/id_ed25519", "hide"), (".vscode", "protect"),
@@ -74,7 +74,7 @@ def test_scan_finds_what_must_be_protected_or_hidden(tmp_path: Path) -> None:
 
 def test_allowed_secrets_stay_visible(tmp_path: Path) -> None:
     _tree(tmp_path, {".env": "", "cert.pem": ""})
-    found = {os.path.basename(f.path) for f in guard.scan(str(tmp_path), ["*.pem"])}
+    found = {os.path.basename(f.path) for f in discover.scan(str(tmp_path), ["*.pem"])}
     assert found == {".env"}
 
 
@@ -82,26 +82,26 @@ def test_scan_refuses_symlinked_protected_paths(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / ".vscode").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(UsageError, match="symbolic link"):
-        guard.scan(str(tmp_path))
+        discover.scan(str(tmp_path))
 
 
 def test_scan_fails_closed_past_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                           ) -> None:
-    monkeypatch.setattr(guard, "MAX_SCANNED", 50)
+    monkeypatch.setattr(discover, "MAX_SCANNED", 50)
     for i in range(60):
         (tmp_path / f"f{i}").write_text("")
     with pytest.raises(UsageError, match="more than 50 entries"):
-        guard.scan(str(tmp_path))
+        discover.scan(str(tmp_path))
 
 
 def test_verify_unchanged_catches_a_swapped_component(tmp_path: Path) -> None:
     _tree(tmp_path, {".git/config": "", ".git/HEAD": ""})
-    findings = guard.scan(str(tmp_path))
-    guard.verify_unchanged(str(tmp_path), findings)
+    findings = discover.scan(str(tmp_path))
+    discover.verify_unchanged(str(tmp_path), findings)
     os.rename(tmp_path / ".git", tmp_path / "real-git")
     (tmp_path / ".git").symlink_to(tmp_path / "real-git")
     with pytest.raises(UsageError, match="changed while corral was starting"):
-        guard.verify_unchanged(str(tmp_path), findings)
+        discover.verify_unchanged(str(tmp_path), findings)
 
 
 def test_scan_finds_one_secret_in_a_large_tree(tmp_path: Path) -> None:
@@ -111,7 +111,7 @@ def test_scan_finds_one_secret_in_a_large_tree(tmp_path: Path) -> None:
         for f in range(100):
             (sub / f"m{f}.py").write_text("")
     (tmp_path / "pkg57" / ".env.local").write_text("")
-    assert [os.path.relpath(f.path, tmp_path) for f in guard.scan(str(tmp_path))] == [
+    assert [os.path.relpath(f.path, tmp_path) for f in discover.scan(str(tmp_path))] == [
         "pkg57/.env.local"]
 
 
@@ -132,15 +132,18 @@ def test_agent_mounts_order() -> None:
         "--perms", "0755", "--tmpfs", "/home",
         "--size", "100", "--perms", "1777", "--tmpfs", "/tmp",
         "--perms", "0444", "--ro-bind-data", "3", "/etc/shadow",
-        "--proc", "/proc", "--dev", "/dev",
+        "--proc", "/proc",
+        "--perms", "0444", "--ro-bind-data", "4", "/proc/keys",
+        "--perms", "0444", "--ro-bind-data", "5", "/proc/key-users",
+        "--dev", "/dev",
         "--size", "50", "--perms", "1777", "--tmpfs", "/dev/shm",
         "--perms", "0755", "--dir", "/home/u",
         "--ro-bind", "/home/u/.gitconfig", "/home/u/.gitconfig",
-        "--bind-fd", "4", "/home/u/.claude",
+        "--bind-fd", "6", "/home/u/.claude",
         "--perms", "0755", "--dir", "/home/u/dev",
-        "--bind-fd", "5", "/home/u/dev/p",
-        "--bind-fd", "6", "/home/u/dev/p/.git",
-        "--perms", "0444", "--ro-bind-data", "7", "/home/u/dev/p/.env",
-        "--ro-bind-fd", "8", "/home/u/dev/p/.git/hooks",
+        "--bind-fd", "7", "/home/u/dev/p",
+        "--bind-fd", "8", "/home/u/dev/p/.git",
+        "--perms", "0444", "--ro-bind-data", "9", "/home/u/dev/p/.env",
+        "--ro-bind-fd", "10", "/home/u/dev/p/.git/hooks",
         "--remount-ro", "/home",
     ]

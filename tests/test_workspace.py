@@ -138,3 +138,29 @@ def test_collect_strips_set_id_bits(tmp_path: Path) -> None:
     changes, _ = workspace.collect(str(tmp_path), {})
     assert prog.stat().st_mode & 0o7777 == 0o755
     assert [c.path for c in changes] == ["prog"]
+
+
+def test_collect_reports_a_walk_cut_short_and_strips_deep_set_id(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workspace, "MAX_DEPTH", 8)
+    deep = tmp_path
+    for _ in range(12):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    (tmp_path / "d" / "shallow").write_text("x")
+    (tmp_path / "d" / "shallow").chmod(0o4755)
+    _, cut = workspace.collect(str(tmp_path), {})
+    assert cut, "a walk stopped by its depth bound must say the list is incomplete"
+    assert (tmp_path / "d" / "shallow").stat().st_mode & 0o7777 == 0o755
+    # Control: with room for the whole tree the same walk is complete.
+    monkeypatch.setattr(workspace, "MAX_DEPTH", 64)
+    assert not workspace.collect(str(tmp_path), {})[1]
+
+
+def test_collect_caps_the_bytes_of_listed_paths(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workspace, "MAX_LISTED_BYTES", 100)
+    for i in range(10):
+        (tmp_path / (f"{i}" + "n" * 40)).write_text("x")
+    changes, cut = workspace.collect(str(tmp_path), {})
+    assert cut and sum(len(c.path) for c in changes) <= 100

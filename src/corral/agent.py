@@ -28,11 +28,10 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from . import guard, resolve
+from . import discover, guard, resolve
 from .bwrap import (
     BindFd,
     Data,
-    Kernel,
     Op,
     PathHandle,
     RemountRo,
@@ -40,6 +39,7 @@ from .bwrap import (
     RoData,
     Sandbox,
     Tmpfs,
+    kernel_filesystems,
     parents,
 )
 from .errors import UsageError
@@ -52,7 +52,11 @@ __all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "profile_for", "reso
 # Emptied for every agent: daemons' sockets live under /run; /tmp holds other programs'
 # sockets and files; homes hold credentials; removable and network mounts hold anything.
 HIDDEN_TREES = ("/run", "/var/run", "/tmp", "/var/tmp", "/home", "/root", "/mnt", "/media",
-                "/var/lib/docker", "/var/lib/containers", "/var/run/secrets", "/etc/ssl/private")
+                "/var/lib/docker", "/var/lib/containers", "/var/run/secrets", "/etc/ssl/private",
+                # daemons whose sockets live outside /run: LXD and Incus (their groups are
+                # root on the host), libvirt, mail, snaps' own sockets
+                "/var/lib/lxd", "/var/lib/incus", "/var/snap/lxd", "/var/lib/libvirt",
+                "/var/spool/postfix", "/var/lib/snapd")
 HIDDEN_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-",
                 "/etc/security/opasswd", "/etc/sudoers")
 SCRATCH = ("/tmp", "/var/tmp")  # emptied, sized, and left writable
@@ -111,8 +115,7 @@ def agent_mounts(layout: Layout) -> list[Op]:
         size = layout.tmp_bytes if tree in SCRATCH else None
         ops.append(Tmpfs(tree, size, 0o1777 if size else 0o755))
     ops += [RoData(Data(path, b""), path, 0o444) for path in layout.hidden_files]
-    ops += [Kernel("--proc", "/proc"), Kernel("--dev", "/dev"),
-            Tmpfs("/dev/shm", layout.shm_bytes, 0o1777)]
+    ops += kernel_filesystems(layout.shm_bytes)
     for e in layout.read_only:
         ops.extend(parents(e.path, made))
         made.add(e.path)
@@ -131,9 +134,11 @@ def agent_seal(layout: Layout) -> list[Op]:
 
 
 def _finding_ops(findings: Sequence[Finding]) -> Iterator[Op]:
-    # Pins first: a git directory bound onto itself is a mount point, so rename(2) of it
-    # fails with EBUSY and the agent cannot swap in a .git of its own.
-    for f in sorted(findings, key=lambda f: (f.action != "pin", f.path.count("/"))):
+    # Outer paths first, so that every mount lands on top of its parent's (a read-only
+    # .git/modules, then a submodule's git directory pinned writable inside it, then its
+    # config read-only); at one depth, pins first.  A pinned git directory is a mount
+    # point, so rename(2) of it fails with EBUSY: the agent cannot swap in its own .git.
+    for f in sorted(findings, key=lambda f: (f.path.count("/"), f.action != "pin", f.path)):
         if f.action == "pin":
             yield BindFd(PathHandle(f.path), f.path, writable=True)
         elif f.action == "protect":
@@ -163,9 +168,9 @@ def _identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, 
 
 def _who(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
     if not host.is_root:
-        entry = pwd.getpwuid(os.getuid())
-        home = os.environ.get("HOME") or entry.pw_dir
-        return os.getuid(), os.getgid(), entry.pw_name, home
+        me = pwd.getpwuid(os.getuid())
+        return os.getuid(), os.getgid(), me.pw_name, os.environ.get("HOME") or me.pw_dir
+    gid: int | None
     if policy.user is not None:
         uid, gid = resolve.parse_user(policy.user)
     else:
@@ -176,10 +181,20 @@ def _who(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, 
                 "started by root, corral runs the agent as the project's owner, never as root",
                 "start corral as a regular user, chown the project, or pass --user",
             )
-        uid, gid = st.st_uid, st.st_gid
+        uid, gid = st.st_uid, None
+    entry: pwd.struct_passwd | None
     try:
         entry = pwd.getpwuid(uid)
     except KeyError:
+        entry = None
+    # The owner's own group, never the folder's: a folder's group may be root's (chown
+    # user dir leaves it) or one the owner is not even in.
+    gid = gid if gid is not None else entry.pw_gid if entry else uid
+    if gid == 0:
+        raise UsageError(f"the agent would run with group 0 (from {project}'s owner)",
+                         "corral never runs an agent with root's group",
+                         "give the user another primary group, or pass --user UID:GID")
+    if entry is None:
         return uid, gid, f"uid{uid}", "/nonexistent"
     return uid, gid, entry.pw_name, entry.pw_dir
 
@@ -247,11 +262,30 @@ def _shebang(path: str) -> str | None:
     return match.group(1)
 
 
+def _listed_read_only(policy: Policy, home: str, writable: Sequence[Entry]) -> list[Finding]:
+    """Read-only paths the profile lists inside writable trees (an agent's own settings,
+    whose hooks and commands run later, outside corral): re-mounted after the trees."""
+    found = []
+    for raw in policy.read_only:
+        path = _expand(raw, home)
+        inside = any(_under(path, e.path) and path != e.path for e in writable)
+        if inside and os.path.lexists(path):
+            if os.path.islink(path):
+                raise UsageError(f"{path} is a symbolic link, so corral cannot keep it "
+                                 "read-only", "the profile lists it as read-only",
+                                 "replace the link with the file it points at")
+            kind = "dir" if os.path.isdir(path) else "file"
+            found.append(Finding(path, "protect", kind, "listed read-only by the profile"))
+    return found
+
+
 def _read_only(policy: Policy, home: str, program: Sequence[str], host: HostFacts,
-               hidden: Sequence[str]) -> list[Entry]:
+               hidden: Sequence[str], writable: Sequence[Entry]) -> list[Entry]:
     entries = []
     for raw in (*BASE_READ_ONLY, *policy.read_only):
         path = _expand(raw, home)
+        if any(_under(path, e.path) for e in writable):
+            continue  # inside a writable tree: a finding, mounted after it
         if os.path.lexists(path):
             entries.append(Entry(path, "ro", "dir" if os.path.isdir(path) else "file",
                                  "listed read-only by the profile or a flag"))
@@ -296,22 +330,26 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     search = os.environ.get("PATH", os.defpath)
     found = resolve.which_command(argv, search, base_dir=project)
     writable = _writable(policy, home, project, (uid, gid))
+    roots = [e.path for e in writable if e.kind == "dir"]
     findings: list[Finding] = []
-    for e in writable:
-        if e.kind == "dir":
-            findings += guard.scan(e.path, policy.allow_secrets, policy.protect)
+    for root in roots:
+        findings += discover.scan(root, policy.allow_secrets, policy.protect, roots)
+    findings += _listed_read_only(policy, home, writable)
     layout = Layout(
         project=project, home=home, hidden_trees=hidden,
         hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),
         read_only=tuple(_read_only(policy, home, _program_mounts(found, hidden, home), host,
-                                   hidden)),
+                                   hidden, writable)),
         writable=tuple(writable), findings=tuple(findings),
         tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes)
-    for e in writable:
-        if e.kind == "dir":
-            guard.verify_unchanged(e.path, [f for f in findings if _under(f.path, e.path)])
+    expected = []
+    for root in roots:  # deepest roots last: a finding is checked from its nearest root
+        mine = [f for f in findings if _under(f.path, root)
+                and not any(_under(f.path, r) and len(r) > len(root) for r in roots)]
+        expected += discover.verify_unchanged(root, mine)
     config, program = resolve.kernel_layers(policy, host, uid, gid,
                                             [*(e.path for e in writable), "/var/tmp"])
+    config["expect_mounts"] = expected
     return Sandbox(
         argv=(found, *argv[1:]),
         init_python=host.python,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import agent, egress, enforce, guard, host, resolve, workspace
+from . import agent, egress, enforce, guard, host, repos, resolve, workspace
 from .bwrap import Sandbox
 from .enforce import Limited
 from .errors import UsageError
@@ -41,6 +41,7 @@ class Result:
     changes: tuple[Change, ...] = ()
     changes_truncated: bool = False
     denials: tuple[dict[str, Any], ...] = field(default=())
+    notes: tuple[str, ...] = ()  # what corral undid or noticed after the run
     unenforced_limits: tuple[str, ...] = ()  # requested, not enforceable here, allowed by name
 
     @property
@@ -60,6 +61,7 @@ class Result:
             "truncated": self.truncated, "workspace": self.workspace, "record": self.record,
             "run_id": self.run_id, "changes": [c.to_json() for c in self.changes],
             "changes_truncated": self.changes_truncated, "denials": list(self.denials),
+            "notes": list(self.notes),
             "unenforced_limits": list(self.unenforced_limits),
         }
 
@@ -205,7 +207,8 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         raise
     result = _result(limited, denials, cg_plan, workspace=layout.project,
                      record=run_dir.record_path if run_dir else "",
-                     run_id=run_dir.run_id if run_dir else "")
+                     run_id=run_dir.run_id if run_dir else "",
+                     notes=tuple(repos.audit(layout.findings)))
     if run_dir is not None:
         workspace.write_record(run_dir.record_path, {
             **entry, **result.to_json(), "limits": limited.record,

@@ -247,6 +247,19 @@ def mount(m: Mount, made: set[str]) -> Iterator[Op]:
         yield RoBind(m.source, m.dest, m.optional)
 
 
+# /proc files that describe the launcher's session despite a fresh procfs: /proc/keys lists
+# the descriptions of the keys in the keyrings the launcher can see (seccomp keeps their
+# contents out of reach, not this listing).
+PROC_EMPTIED = ("/proc/keys", "/proc/key-users")
+
+
+def kernel_filesystems(shm_bytes: int) -> list[Op]:
+    """A fresh /proc (with PROC_EMPTIED emptied), a minimal /dev, a sized /dev/shm."""
+    return [Kernel("--proc", "/proc"),
+            *(RoData(Data(path, b""), path, 0o444) for path in PROC_EMPTIED),
+            Kernel("--dev", "/dev"), Tmpfs("/dev/shm", shm_bytes, 0o1777)]
+
+
 def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
                writable: Sequence[Mount], files: Sequence[tuple[str, bytes]],
                tmp_bytes: int, shm_bytes: int) -> list[Op]:
@@ -259,8 +272,7 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     ops: list[Op] = [RoBind("/usr", "/usr")]
     ops.extend(Symlink(target, link) for target, link in usr_links)
     # Scratch before the read-only extras, so that an extra under /tmp is not covered.
-    ops += [Kernel("--proc", "/proc"), Kernel("--dev", "/dev"),
-            Tmpfs("/tmp", tmp_bytes, 0o1777), Tmpfs("/dev/shm", shm_bytes, 0o1777)]
+    ops += [*kernel_filesystems(shm_bytes), Tmpfs("/tmp", tmp_bytes, 0o1777)]
     for m in base:
         ops.extend(mount(m, made))
     for m in writable:

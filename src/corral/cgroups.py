@@ -126,7 +126,9 @@ def _probe_v1(cg: Cgroups, uid: int) -> Access:
         version=1, bases=tuple(bases), absent=tuple(absent),
         fix=f"as root, once: corral delegate --user {_user_name(uid)}" if delegable else "",
         memsw=bool(memory) and os.path.exists(
-            os.path.join(memory or "", "memory.memsw.limit_in_bytes")))
+            os.path.join(memory or "", "memory.memsw.limit_in_bytes")),
+        tcp=bool(memory) and os.path.exists(
+            os.path.join(memory or "", "memory.kmem.tcp.limit_in_bytes")))
 
 
 def _probe_v2(mount: str, root_controllers: tuple[str, ...], uid: int) -> Access:

@@ -141,6 +141,9 @@ def _probe_parser(p: argparse.ArgumentParser) -> None:
                    "replaced), 'naive' (the seed's bwrap line) or 'none' (no sandbox)")
     p.add_argument("--check", metavar="ID|CATEGORY", action="append", default=[],
                    help="only these checks (repeatable)")
+    p.add_argument("--allow", metavar="RELAXATION", action="append", default=[],
+                   help="run corral with this relaxation (e.g. unenforced-limits where this "
+                   "user has no cgroups): the checks it weakens will say so by failing")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -369,6 +372,8 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
 
     result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
                            record=args.verb == "agent", announce=announce)
+    for note in result.notes:
+        print(f"corral: warning: {note}", file=sys.stderr)
     if result.unenforced_limits:
         print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
               f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
@@ -380,7 +385,7 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
 def cmd_probe(args: argparse.Namespace) -> int:
     from .probe import launcher_for, probe, render_text
 
-    report = probe(launcher_for(args.launcher, args.profile), args.check)
+    report = probe(launcher_for(args.launcher, args.profile, args.allow), args.check)
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report, width))
     return 0 if report.passed else 1

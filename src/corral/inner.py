@@ -9,6 +9,7 @@ corral's checkout or virtualenv.  In order, it:
     can read a process's command line);
  2. started by root, drops the capability bounding set, then to the payload's
     uid and gid (bwrap ran as root so that it could mount what root can read);
+    checks that every re-mount inside a writable tree sits where it should;
  3. with egress, starts the bridge (``/run/corral/bridge.py``): listening on
     127.0.0.1 *before* the fork, so the payload's first request never races it;
  4. forks; the child sets rlimits, applies Landlock, stacks the payload's own
@@ -189,6 +190,39 @@ def drop_to(uid: int, gid: int) -> None:
         raise SetupError("capabilities survived the drop to an unprivileged uid")
 
 
+def _mount_points() -> set[str]:
+    """Mount points of this mount namespace, from /proc/self/mountinfo (octal escapes undone)."""
+    points = set()
+    with open("/proc/self/mountinfo", "rb") as f:
+        for line in f:
+            field = line.split(b" ")[4]
+            points.add(field.decode("unicode_escape").encode("latin-1").decode(
+                errors="surrogateescape"))
+    return points
+
+
+def check_mounts(expected: list[list[Any]]) -> None:
+    """Every re-mount inside a writable tree landed exactly where it should.
+
+    bwrap 0.8 resolves destinations through symlinks while setting up; another
+    sandbox working in the same project could swap a folder for a link at that
+    moment, and the mount would land elsewhere.  Checked here, from inside,
+    before anything of the payload runs.
+    """
+    if not expected:
+        return
+    points = _mount_points()
+    for path, action, dev, ino in expected:
+        try:
+            st = os.lstat(path)
+        except OSError as e:
+            raise SetupError(f"{path} is not in place inside the sandbox ({e.strerror})") from None
+        same = (st.st_dev, st.st_ino) == (dev, ino)
+        if path not in points or same != (action != "hide"):
+            raise SetupError(f"{path} was not re-mounted where it belongs: something changed "
+                             "the project while the sandbox was being set up")
+
+
 def prefer_oom_kill() -> None:
     """Make the payload, not the init, the first to go when memory runs out.
 
@@ -287,6 +321,7 @@ def run(config_fd: int, argv: list[str]) -> int:
     try:
         if cfg.get("uid") is not None and os.getuid() == 0:
             drop_to(int(cfg["uid"]), int(cfg["gid"]))
+        check_mounts(cfg.get("expect_mounts", []))
         _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the payload may not read our fds
         bridge = start_bridge(cfg)
         report_r, report_w = os.pipe2(os.O_CLOEXEC)

@@ -172,7 +172,8 @@ class Launch:
         config_fd = self.handles.fd(Data("init-config", marshal.dumps(config)))
         ops = bwrap.build_ops(self.sb, status_fd=json_w)
         words = bwrap.render(ops, self.handles)
-        args_fd = memfd("args", b"".join(w.encode() + b"\0" for w in words))
+        # os.fsencode: a path from the project may not be UTF-8; it must reach bwrap as is.
+        args_fd = memfd("args", b"".join(os.fsencode(w) + b"\0" for w in words))
         self.fds.append(args_fd)
         argv = [self.bwrap_path, "--args", str(args_fd), "--", *bwrap.command(self.sb, config_fd)]
         keep = [args_fd, status_w, json_w, stderr_fd, *self.handles.all(), *self.extra_fds]

@@ -72,6 +72,7 @@ class Access:
     absent: tuple[tuple[str, str], ...] = ()  # (controller, why it cannot be used)
     fix: str = ""  # how to make the absent ones usable
     memsw: bool = False  # v1: swap is accounted (memory.memsw.*), so it can be capped
+    tcp: bool = False  # v1: socket buffers can be accounted (memory.kmem.tcp.*)
     swap_max: bool = False  # v2: memory.swap.max exists
 
     def base(self, controller: str) -> str | None:
@@ -129,6 +130,8 @@ def _settings(limits: Limits, access: Access) -> list[tuple[str, str, str]]:
             out.append(("memory", "memory.limit_in_bytes", str(memory)))
             out.append(("memory", "memory.memsw.limit_in_bytes", str(memory)) if access.memsw
                        else ("memory", "memory.swappiness", "0"))
+            if access.tcp:  # v1 leaves TCP buffers uncharged unless this is written (v2 does)
+                out.append(("memory", "memory.kmem.tcp.limit_in_bytes", str(memory)))
         if pids is not None:
             out.append(("pids", "pids.max", str(pids + OVERHEAD_PIDS)))
         if cpus is not None:

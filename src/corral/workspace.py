@@ -29,7 +29,9 @@ __all__ = ["Change", "RunDir", "collect", "default_runs_dir", "prepare", "record
 
 MAX_ENTRIES = 100_000  # entries walked
 MAX_LISTED = 10_000  # changes listed in the record
-MAX_DEPTH = 64
+MAX_DEPTH = 256  # levels: one descriptor each is open during the walk
+MAX_PATH_BYTES = 32 << 20  # path names walked, in all: long names must not exhaust memory
+MAX_LISTED_BYTES = 4 << 20  # path names listed in the record and the result
 MAX_HASHED = 1 << 30  # bytes hashed per collection; beyond it sha256 is null
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -212,45 +214,75 @@ def _type(mode: int) -> str:
     return "other"
 
 
-def _walk(root: str) -> Iterator[tuple[str, os.stat_result, int]]:
-    """(relative path, lstat, parent dir fd) for every entry, never following symlinks.
+class Walk:
+    """Every entry beneath ``root``, as (relative path, lstat, parent dir fd), never
+    following a symlink.  The parent descriptor is valid only until the next item.
 
-    The parent descriptor is valid only until the next item.
+    Bounded: MAX_ENTRIES entries, MAX_DEPTH levels (one descriptor per level is
+    open at a time) and MAX_PATH_BYTES of path names in all; ``complete`` is
+    false when a bound or an unreadable directory cut the walk short.
     """
-    try:
-        top = os.open(root, DIR_FLAGS)
-    except OSError:
-        return
-    stack: list[tuple[int, str, int]] = [(top, "", 0)]
-    count = 0
-    try:
-        while stack:
-            fd, rel, depth = stack.pop()
-            try:
-                for name in sorted(os.listdir(fd)):
-                    count += 1
-                    if count > MAX_ENTRIES:
-                        return
-                    try:
-                        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    except OSError:
-                        continue
-                    path = f"{rel}/{name}" if rel else name
-                    yield path, st, fd
-                    if stat.S_ISDIR(st.st_mode) and depth < MAX_DEPTH:
-                        with contextlib.suppress(OSError):
-                            stack.append((os.open(name, DIR_FLAGS, dir_fd=fd), path, depth + 1))
-            finally:
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.complete = True
+
+    def __iter__(self) -> Iterator[tuple[str, os.stat_result, int]]:
+        try:
+            top = os.open(self.root, DIR_FLAGS)
+        except OSError:
+            self.complete = False
+            return
+        frames: list[tuple[int, str, Iterator[str]]] = []
+        count = path_bytes = 0
+        try:
+            frames.append((top, "", iter(sorted(os.listdir(top)))))
+            while frames:
+                fd, rel, names = frames[-1]
+                name = next(names, None)
+                if name is None:
+                    os.close(frames.pop()[0])
+                    continue
+                count += 1
+                path = f"{rel}/{name}" if rel else name
+                path_bytes += len(path)
+                if count > MAX_ENTRIES or path_bytes > MAX_PATH_BYTES:
+                    self.complete = False
+                    return
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue  # gone meanwhile
+                yield path, st, fd
+                if stat.S_ISDIR(st.st_mode):
+                    self._enter(frames, fd, name, path)
+        finally:
+            for fd, _, _ in frames:
                 os.close(fd)
-    finally:
-        for fd, _, _ in stack:
-            os.close(fd)
+
+    def _enter(self, frames: list[tuple[int, str, Iterator[str]]], parent: int, name: str,
+               path: str) -> None:
+        if len(frames) >= MAX_DEPTH:
+            self.complete = False
+            return
+        try:
+            sub = os.open(name, DIR_FLAGS, dir_fd=parent)
+        except OSError:
+            self.complete = False
+            return
+        try:
+            names = sorted(os.listdir(sub))
+        except OSError:
+            os.close(sub)
+            self.complete = False
+            return
+        frames.append((sub, path, iter(names)))
 
 
 def snapshot(root: str) -> dict[str, Stamp]:
     """What is in a workspace before a run, to tell created from modified afterwards."""
     return {path: (_type(st.st_mode), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-            for path, st, _ in _walk(root)}
+            for path, st, _ in Walk(root)}
 
 
 @contextlib.contextmanager
@@ -301,7 +333,8 @@ def _strip_setid(dir_fd: int, name: str, st: os.stat_result) -> bool:
 
 
 def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
-    """What the run created, modified or deleted; and whether the list was cut short.
+    """What the run created, modified or deleted; and whether the list is incomplete
+    (cut at MAX_LISTED, or a walk bound reached: see :class:`Walk`).
 
     Regular files lose any set-user-ID or set-group-ID bit on the way.
     """
@@ -309,7 +342,9 @@ def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
     seen: set[str] = set()
     budget = [MAX_HASHED]
     truncated = False
-    for path, st, fd in _walk(root):
+    listed = 0
+    walk = Walk(root)
+    for path, st, fd in walk:
         seen.add(path)
         if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
             _strip_setid(fd, os.path.basename(path), st)
@@ -319,7 +354,8 @@ def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
         old = before.get(path)
         if old == stamp or (old is not None and kind == "dir" and old[0] == "dir"):
             continue
-        if len(changes) >= MAX_LISTED:
+        listed += len(path)
+        if len(changes) >= MAX_LISTED or listed > MAX_LISTED_BYTES:
             truncated = True
             continue
         name = os.path.basename(path)
@@ -336,7 +372,7 @@ def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
             truncated = True
             break
         changes.append(Change(path, "deleted", before[path][0]))
-    return changes, truncated
+    return changes, truncated or not walk.complete
 
 
 def _readlink(dir_fd: int, name: str) -> str | None:

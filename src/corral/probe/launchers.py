@@ -27,7 +27,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,10 +96,12 @@ class Corral:
 
     profile: str = "generic"
     refuses_unsafe: bool = True  # launched from home or /, it must refuse (exit 125)
+    allow: tuple[str, ...] = ()  # relaxations the user named (--allow), passed on
 
     @property
     def name(self) -> str:
-        return f"corral {self.mode} --profile {self.profile}"
+        relaxed = "".join(f" --allow {a}" for a in self.allow)
+        return f"corral {self.mode} --profile {self.profile}{relaxed}"
 
     @property
     def mode(self) -> str:
@@ -108,7 +110,7 @@ class Corral:
     def argv(self, spec: LaunchSpec, plant: Plant, config: str) -> list[str]:
         p = plant.places()
         words = [sys.executable, "-m", "corral", self.mode, "--profile", self.profile,
-                 "--runs-dir", p["runs"]]
+                 "--runs-dir", p["runs"], *(w for a in self.allow for w in ("--allow", a))]
         if self.mode == "agent":
             words += ["--home", plant.home]
         if spec.kind == "resource":
@@ -141,15 +143,21 @@ class Prefix:
 Launcher = Corral | Prefix
 
 
-def launcher_for(text: str | None, profile: str | None) -> Launcher:
-    """``--launcher`` and ``--profile`` as a launcher: corral by default."""
+def launcher_for(text: str | None, profile: str | None, allow: Sequence[str] = ()
+                 ) -> Launcher:
+    """``--launcher``, ``--profile`` and ``--allow`` as a launcher: corral by default."""
     if text is None:
+        from ..policy import Allow
         from ..profiles import load_profile
 
         load_profile(profile or "generic")  # a bad name fails here, before anything is planted
-        return Corral(profile or "generic")
-    if profile is not None:
-        raise UsageError("--profile applies to corral itself, not to --launcher",
+        unknown = [a for a in allow if a not in Allow.names()]
+        if unknown:
+            raise UsageError(f"--allow {unknown[0]} is not a relaxation corral knows",
+                             f"known: {', '.join(Allow.names())}", "fix the name")
+        return Corral(profile or "generic", allow=tuple(allow))
+    if profile is not None or allow:
+        raise UsageError("--profile and --allow apply to corral itself, not to --launcher",
                          "the launcher decides its own sandbox", "drop one of them")
     if text == "none":
         return Prefix("none")
