@@ -239,12 +239,15 @@ class Site:
         _write(path, text, mode)
         self.planted[path] = (text, mode)
 
-    def _git_dir(self, path: str) -> None:
+    def _git_dir(self, path: str, hooks_path: str | None = None) -> None:
         """A minimal repository, written by hand: no git needed, nothing run."""
         for sub in ("objects/info", "objects/pack", "refs/heads", "refs/tags", "hooks", "info"):
             os.makedirs(os.path.join(path, sub), exist_ok=True)
         self._file(os.path.join(path, "HEAD"), "ref: refs/heads/main\n")
-        self._file(os.path.join(path, "config"), "[core]\n\trepositoryformatversion = 0\n")
+        config = "[core]\n\trepositoryformatversion = 0\n"
+        if hooks_path is not None:
+            config += f"\thooksPath = {hooks_path}\n"
+        self._file(os.path.join(path, "config"), config)
 
     def _files(self, p: Plant) -> None:
         home, places = p.home, p.places()
@@ -252,8 +255,9 @@ class Site:
             self._file(os.path.join(home, rel), text.format(p.tokens[name]), 0o600)
         for rel, text in PLAIN_FILES.items():
             self._file(os.path.join(home, rel), text)
-        self._git_dir(os.path.join(p.project, ".git"))
+        self._git_dir(os.path.join(p.project, ".git"), hooks_path="tools/hooks")
         self._git_dir(os.path.join(p.project, "nested", ".git"))
+        self._file(os.path.join(p.project, "tools", "hooks", "pre-commit"), "#!/bin/sh\n", 0o755)
         os.makedirs(os.path.join(home, ".config", "autostart"))
         os.makedirs(os.path.join(places["holder"], ".ssh"))
         os.symlink(os.path.join(home, ".ssh"), os.path.join(p.project, "ssh-link"))

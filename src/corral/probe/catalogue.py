@@ -148,6 +148,16 @@ WRITES = (
           "{project}/.vscode/settings.json", "editors run tasks and tools named there"),
     write("writes-envrc", "append to the project's .envrc", "append", "{project}/.envrc",
           "direnv runs .envrc in the user's shell on entering the directory"),
+    write("writes-git-commondir", "create .git/commondir in the project", "create",
+          "{project}/.git/commondir",
+          "git takes config and hooks from wherever commondir points: a redirect the agent "
+          "controls (corral may let the write happen, but must undo it before git runs)"),
+    write("writes-git-module", "add an entry to the project's .git/modules", "create",
+          "{project}/.git/modules/{tag}",
+          "a new submodule git directory brings a config (and fsmonitor) of its own"),
+    write("writes-hooks-path", "append to a hook in the folder core.hooksPath names",
+          "append", "{project}/tools/hooks/pre-commit",
+          "git runs the hooks from core.hooksPath, wherever the config says they are"),
 )
 
 SECRETS = (
