@@ -17,6 +17,8 @@ $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "corral needs Python 3.11 or newer: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@# Bytecode now: with PYTHONDONTWRITEBYTECODE set, every start would recompile corral.
+	$(BIN)/python -m compileall -q src/corral
 	@touch $@
 
 demo: setup
@@ -29,7 +31,12 @@ check: setup
 	scripts/check
 
 bench: setup
-	$(BIN)/python bench/launch.py
+	$(BIN)/python -m compileall -q src/corral
+	$(BIN)/python bench/launch.py --write
+	$(BIN)/python bench/agent.py
+	$(BIN)/python bench/egress.py --write
+	$(BIN)/python bench/seccomp.py
+	$(BIN)/python bench/probe.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

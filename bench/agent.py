@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-BEGIN, END = "<!-- bench/agent.py:begin -->", "<!-- bench/agent.py:end -->"
+from results import write_section
 
 
 def timed(cmd: Sequence[str], cwd: Path, env: dict[str, str]) -> float:
@@ -47,17 +46,6 @@ def interleaved(cases: dict[str, Callable[[], float]], runs: int) -> dict[str, l
     return times
 
 
-def write_section(text: str) -> None:
-    old = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n"
-    if BEGIN in old:
-        head, _, rest = old.partition(BEGIN)
-        _, _, tail = rest.partition(END)
-        new = f"{head}{BEGIN}\n{text}{END}{tail}"
-    else:
-        new = f"{old.rstrip()}\n\n{BEGIN}\n{text}{END}\n"
-    RESULTS.write_text(new)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -70,7 +58,8 @@ def main() -> None:
         for p in [base, *base.rglob("*")]:
             os.chown(p, 65534, 65534)
     env = {**os.environ, "HOME": str(home)}
-    corral = [sys.executable, "-m", "corral", "agent", "--home", str(home)]
+    # The console script, as users start it (python -m corral would add runpy's cost).
+    corral = [str(Path(sys.executable).with_name("corral")), "agent", "--home", str(home)]
     cases: dict[str, Callable[[], float]] = {
         "corral agent (generic: no network)":
             lambda: timed([*corral, "--profile", "generic", "--", "/bin/true"], project, env),
@@ -105,7 +94,7 @@ def main() -> None:
             lines.append(f"- `{name}` {verdict} it ({mine / ref:.2f}x).")
     text = "\n".join(lines) + "\n"
     print(text)
-    write_section(text)
+    write_section("agent.py", text)
 
 
 if __name__ == "__main__":

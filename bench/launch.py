@@ -1,6 +1,6 @@
 """Launch cost: corral against raw bwrap with the same argv, paired in one run.
 
-    .venv/bin/python bench/launch.py [--runs N] [--write bench/RESULTS.md]
+    .venv/bin/python bench/launch.py [--runs N] [--write]
 
 Every measurement is a median over N rounds; within a round the variants
 run back to back in a fixed order, so that a noisy neighbour hits them all
@@ -201,7 +201,8 @@ def machine() -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--write", metavar="FILE", help="also write the tables to FILE")
+    parser.add_argument("--write", action="store_true",
+                        help="replace this script's section of bench/RESULTS.md")
     args = parser.parse_args()
     corral_cli = str(Path(sys.executable).with_name("corral"))
     limited = Policy(limits=Limits(memory_bytes=512 * MiB, pids=64))
@@ -238,7 +239,9 @@ def main() -> None:
                          "bwrap, no cgroup", {})
     print("\n".join(out))
     if args.write:
-        Path(args.write).write_text("\n".join(out) + "\n")
+        from results import write_section
+
+        write_section("launch.py", "## Launch cost (`bench/launch.py`)\n\n" + "\n".join(out))
 
 
 if __name__ == "__main__":

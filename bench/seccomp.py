@@ -38,16 +38,17 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.2f} ms"
 
 
-def cold(runs: int) -> None:
+def cold(runs: int) -> list[str]:
     samples = [tuple(map(float, subprocess.run([sys.executable, "-c", COLD], check=True,
                                                capture_output=True, text=True).stdout.split()))
                for _ in range(runs)]
-    for i, what in enumerate(("import corral (the package)", "first programs(): load + compile",
-                              "cached programs()")):
-        print(f"{what:<40} {statistics.median(s[i] for s in samples) * 1e6:9.1f} us")
+    return [f"| {what} | {statistics.median(s[i] for s in samples) * 1e6:.1f} µs |"
+            for i, what in enumerate(("import corral (the package)",
+                                      "first programs(): load libseccomp and compile",
+                                      "cached programs()"))]
 
 
-def launches(runs: int) -> None:
+def launches(runs: int) -> list[str]:
     policy = load_profile("python")
     facts = host.detect()
     bwrap = facts.require_bwrap()
@@ -77,15 +78,22 @@ def launches(runs: int) -> None:
         times["without"].append(once(False))
         times["raw bwrap"].append(raw())
     med = {k: statistics.median(v) for k, v in times.items()}
-    for what, value in med.items():
-        print(f"launch /bin/true, {what:<26} {ms(value)}")
-    print(f"with / without filters: {med['with filters'] / med['without']:.3f}x")
+    rows = [f"| launch /bin/true (python profile), {what} | {ms(value)} |"
+            for what, value in med.items()]
+    rows.append(f"| with / without filters | {med['with filters'] / med['without']:.3f}x |")
+    return rows
 
 
 def main() -> None:
+    from results import write_section
+
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 40
-    cold(min(runs, 15))
-    launches(runs)
+    rows = ["## Seccomp (`bench/seccomp.py`)", "",
+            f"Medians of {runs} interleaved launches (15 cold starts), "
+            f"{time.strftime('%Y-%m-%d %H:%M %Z')}.", "", "| what | median |", "|---|---:|",
+            *cold(min(runs, 15)), *launches(runs)]
+    print("\n".join(rows))
+    write_section("seccomp.py", "\n".join(rows))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import pwd
 import re
 import shutil
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from . import discover, guard, resolve
 from .bwrap import (
@@ -66,8 +66,7 @@ AGENT_PROFILES = {"claude": "claude", "codex": "codex", "pi": "pi", "aider": "ai
                   "gemini": "gemini"}
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
     """One line of the layout: a host path, seen at the same path inside."""
 
     path: str
@@ -76,8 +75,7 @@ class Entry:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
+class Layout(NamedTuple):
     """Everything :func:`agent_mounts` needs, already checked against the host."""
 
     project: str

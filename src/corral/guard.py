@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import UsageError
 from .host import HostFacts
@@ -127,8 +127,7 @@ def userns_hint(host: HostFacts) -> str:
     return ""
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
+class Finding(NamedTuple):
     """A path inside a writable tree that corral re-mounts, and why (see corral.discover)."""
 
     path: str  # absolute host path (also the path inside)

@@ -12,7 +12,7 @@ import re
 import shutil
 import stat
 import subprocess
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import HostError
 
@@ -21,8 +21,7 @@ __all__ = ["Cgroups", "HostFacts", "detect"]
 BWRAP_MIN_DISABLE_USERNS = (0, 8, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class Cgroups:
+class Cgroups(NamedTuple):
     """Where cgroup controllers live.  v1 maps controller -> mount; v2 lists controllers."""
 
     v1: tuple[tuple[str, str], ...]  # (controller, mount point)
@@ -41,8 +40,7 @@ class Cgroups:
         return dict(self.v1).get(controller)
 
 
-@dataclass(frozen=True, slots=True)
-class HostFacts:
+class HostFacts(NamedTuple):
     """A snapshot of the host, taken by :func:`detect`."""
 
     bwrap: str | None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import HostError
 from .policy import Limits
@@ -58,8 +58,7 @@ ENFORCED_BY = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
+class Access(NamedTuple):
     """What this caller may do with cgroups here; produced by :func:`corral.cgroups.probe`.
 
     ``bases`` maps each usable controller to the directory under which this
@@ -82,8 +81,7 @@ class Access:
         return dict(self.absent).get(controller, f"no {controller} controller")
 
 
-@dataclass(frozen=True, slots=True)
-class Plan:
+class Plan(NamedTuple):
     """The cgroups one run joins and the limit files written before it starts."""
 
     version: int | None
@@ -104,8 +102,7 @@ class Plan:
         return list(dict.fromkeys(self.dirs(run_id).values()))
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(NamedTuple):
     """What the kernel counted for one run's cgroup."""
 
     cpu_s: float | None = None  # user + system CPU time of every process of the run

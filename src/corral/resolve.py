@@ -14,8 +14,7 @@ import pwd
 import re
 import subprocess
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import seccomp
 from .bwrap import Mount, Sandbox, run_mounts
@@ -44,8 +43,7 @@ USR_MERGE = ("bin", "sbin", "lib", "lib64", "lib32", "libx32")
 INTERPRETER = re.compile(r"(python|pypy|node|nodejs|deno|bun|ruby|perl)[\d.]*\Z")
 
 
-@dataclass(frozen=True, slots=True)
-class Command:
+class Command(NamedTuple):
     """The payload's argv with argv[0] as seen inside, and the prefixes it needs."""
 
     argv: tuple[str, ...]

@@ -86,7 +86,7 @@ import ctypes
 import errno
 import functools
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import HostError
 from .policy import Policy
@@ -140,8 +140,7 @@ class Version(ctypes.Structure):
     _fields_ = [("major", ctypes.c_uint), ("minor", ctypes.c_uint), ("micro", ctypes.c_uint)]
 
 
-@dataclass(frozen=True, slots=True)
-class Cmp:
+class Cmp(NamedTuple):
     """One comparison of a call's argument: libseccomp allows one per argument in a rule."""
 
     arg: int
@@ -155,8 +154,7 @@ def masked(arg: int, mask: int, value: int) -> Cmp:
     return Cmp(arg, CMP_MASKED_EQ, mask, value)
 
 
-@dataclass(frozen=True, slots=True)
-class Rule:
+class Rule(NamedTuple):
     """Deny ``syscall`` (when every comparison holds): it fails with ``error``."""
 
     syscall: str
@@ -226,8 +224,7 @@ SANDBOX_RULES: tuple[Rule, ...] = (
 UNIX_RULES: tuple[Rule, ...] = (Rule("socket", (masked(0, LOW32, AF_UNIX),)),)
 
 
-@dataclass(frozen=True, slots=True)
-class Programs:
+class Programs(NamedTuple):
     """The compiled programs for one sandbox."""
 
     sandbox: bytes  # for bwrap --seccomp: corral's init and everything it starts

@@ -18,8 +18,7 @@ import os
 import stat
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import UsageError
 from .policy import check_path
@@ -39,8 +38,7 @@ FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CL
 Stamp = tuple[str, int, int, int, int]  # type, size, mtime_ns, ctime_ns, inode
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(NamedTuple):
     """One path the run created, modified or deleted, as found after the run."""
 
     path: str  # relative to the workspace; from untrusted names
@@ -51,11 +49,10 @@ class Change:
     target: str | None = None  # a symlink's target, never followed
 
     def to_json(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__slots__ if getattr(self, k) is not None}
+        return {k: v for k, v in self._asdict().items() if v is not None}
 
 
-@dataclass(frozen=True, slots=True)
-class RunDir:
+class RunDir(NamedTuple):
     run_id: str
     root: str  # RUNS/<run-id>
     workspace: str  # the directory mounted at /work
