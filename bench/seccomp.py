@@ -43,7 +43,7 @@ def cold(runs: int) -> list[str]:
                                                capture_output=True, text=True).stdout.split()))
                for _ in range(runs)]
     return [f"| {what} | {statistics.median(s[i] for s in samples) * 1e6:.1f} µs |"
-            for i, what in enumerate(("import corral (the package)",
+            for i, what in enumerate(("from corral import seccomp (cold interpreter)",
                                       "first programs(): load libseccomp and compile",
                                       "cached programs()"))]
 
