@@ -51,7 +51,7 @@ def main() -> None:
         for name, args in CASES.items():
             times[name].append(timed(args))
     lines = [BEGIN, f"## Probe wall time (`bench/probe.py`, {time.strftime('%Y-%m-%d')})", "",
-             f"{runs} interleaved runs each, medians, on a shared 2-core machine, as "
+             f"{runs} interleaved runs each, medians, on {os.cpu_count()} cores, as "
              f"{'root' if os.geteuid() == 0 else 'a plain user'}.", "",
              "| launcher | median s |", "|---|---:|"]
     lines += [f"| {name} | {statistics.median(t):.2f} |" for name, t in times.items()]
