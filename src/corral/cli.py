@@ -217,16 +217,11 @@ def _env(items: Sequence[str]) -> list[tuple[str, str]]:
 
 def _policy(args: argparse.Namespace, default_profile: str) -> Any:
     """The profile, with every flag applied on top."""
-    from .policy import Allow
     from .profiles import load_profile
 
     policy = load_profile(args.profile or default_profile)
     limits = replace(policy.limits, **_limit_flags(args))
-    unknown = [a for a in args.allow if a not in Allow.names()]
-    if unknown:
-        raise UsageError(f"--allow {unknown[0]} is not a relaxation corral knows",
-                         f"known: {', '.join(Allow.names())}", "fix the name")
-    allow = replace(policy.allow, **{a.replace("-", "_"): True for a in args.allow})
+    allow = policy.allow.adding(args.allow)
     changes: dict[str, Any] = {
         "limits": limits, "allow": allow, "user": args.user,
         "network": network_from_args(policy.network, args),

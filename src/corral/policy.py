@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
 
 from .errors import UsageError
 
@@ -147,6 +148,15 @@ class Allow:
     @classmethod
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name.replace("_", "-") for f in fields(cls))
+
+    def adding(self, names: Sequence[str]) -> Allow:
+        """These relaxations on top of ours, by their ``--allow`` names; UsageError if unknown."""
+        known = self.names()
+        unknown = [n for n in names if n not in known]
+        if unknown:
+            raise UsageError(f"--allow {unknown[0]} is not a relaxation corral knows",
+                             f"known: {', '.join(known)}", "fix the name")
+        return replace(self, **{n.replace("-", "_"): True for n in names})
 
 
 @dataclass(frozen=True, slots=True)

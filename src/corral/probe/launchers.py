@@ -151,10 +151,7 @@ def launcher_for(text: str | None, profile: str | None, allow: Sequence[str] = (
         from ..profiles import load_profile
 
         load_profile(profile or "generic")  # a bad name fails here, before anything is planted
-        unknown = [a for a in allow if a not in Allow.names()]
-        if unknown:
-            raise UsageError(f"--allow {unknown[0]} is not a relaxation corral knows",
-                             f"known: {', '.join(Allow.names())}", "fix the name")
+        Allow().adding(allow)  # an unknown name fails here, before anything is planted
         return Corral(profile or "generic", allow=tuple(allow))
     if profile is not None or allow:
         raise UsageError("--profile and --allow apply to corral itself, not to --launcher",
