@@ -139,7 +139,6 @@ class Launch:
     def __init__(self, sb: Sandbox, *, capture: bool, stdin: bytes | None, output_cap: int,
                  timeout_s: float | None, bwrap_path: str, host_hint: str = "",
                  extra_fds: Sequence[int] = (),
-                 on_started: Callable[[int], None] | None = None,
                  cgroup: RunCgroup | None = None, watch: Watch | None = None) -> None:
         self.sb = sb
         self.capture = capture
@@ -149,7 +148,6 @@ class Launch:
         self.bwrap_path = bwrap_path
         self.host_hint = host_hint
         self.extra_fds = list(extra_fds)
-        self.on_started = on_started
         self.cgroup = cgroup  # bwrap starts inside it (see corral.cgroups)
         self.watch = watch  # disk and CPU-time checks while the run lives
         self.handles = Handles()
@@ -388,8 +386,6 @@ class Launch:
         self.pid1_fd = fd
         self.fds.append(fd)
         self.outcome.sandbox_pid = pid
-        if self.on_started is not None:
-            self.on_started(pid)
 
     def kill(self) -> None:
         """SIGKILL the sandbox's PID 1, which ends its whole PID namespace; then bwrap."""
