@@ -27,7 +27,9 @@ from typing import Any
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-TEST_USER = "corral-test"
+# Concurrent test sessions on one machine (several checkouts) each name their own user, so
+# that one session taking its user's delegation away never disturbs another.
+TEST_USER = os.environ.get("CORRAL_TEST_USER", "corral-test")
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SYSTEM_PYTHON = "/usr/bin/python3"
 IS_ROOT = os.geteuid() == 0
