@@ -14,9 +14,10 @@ operation here:
 * opens files ``O_NONBLOCK | O_NOCTTY`` and checks the type with ``fstat`` after opening, so
   a FIFO never blocks and a device never becomes a terminal; reads are capped;
 * creates through the parent's descriptor and inspects through the new object's own;
-* started by root, on a tree owned by someone else, acts with the owner's identity
-  (:func:`acting_as`): the thread's filesystem uid and gid and its groups become the owner's
-  for the operation.  What root creates there is the owner's from birth (no ``chown`` by path
+* started by root, on a tree owned by someone else, creates, writes, removes and renames
+  with the owner's identity (:func:`acting_as`): the thread's filesystem uid and gid and
+  its groups become the owner's for the operation (looking and reading keep root's: what
+  the owner locked away with chmod it could also unlock, so corral must see it).  What root creates there is the owner's from birth (no ``chown`` by path
   afterwards), and a swapped path can never turn root's ``mkdir`` or ``open`` onto a file the
   owner could not touch.
 
@@ -35,8 +36,9 @@ import stat
 import threading
 from collections.abc import Iterator
 from types import TracebackType
+from typing import NamedTuple
 
-__all__ = ["Tree", "acting_as", "open_beneath", "split"]
+__all__ = ["Entry", "Tree", "acting_as", "kind_of", "open_beneath", "read_file", "split"]
 
 # openat2(2): include/uapi/linux/openat2.h; the number is the same on every architecture.
 SYS_OPENAT2 = 437
@@ -51,6 +53,22 @@ SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
 PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 EAGAIN_RETRIES = 16  # openat2 says EAGAIN when a rename raced the lookup; try again
+KINDS = ((stat.S_ISDIR, "dir"), (stat.S_ISREG, "file"), (stat.S_ISLNK, "link"),
+         (stat.S_ISFIFO, "fifo"), (stat.S_ISSOCK, "socket"), (stat.S_ISCHR, "device"),
+         (stat.S_ISBLK, "device"))
+
+
+def kind_of(mode: int) -> str:
+    """dir, file, link, fifo, socket, device or other: what ``mode`` says an inode is."""
+    return next((name for test, name in KINDS if test(mode)), "other")
+
+
+class Entry(NamedTuple):
+    """One name in a directory and what it is (a link is a link, never its target)."""
+
+    name: str
+    kind: str  # see kind_of
+    st: os.stat_result | None = None  # its lstat, when asked for (Tree.scandir(stats=True))
 
 
 class OpenHow(ctypes.Structure):
@@ -134,6 +152,44 @@ def _walk_open(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
     finally:
         if fd != dirfd:
             os.close(fd)
+
+
+def read_file(path: str, cap: int, whole: bool = True, follow: bool = True) -> bytes | None:
+    """A host file outside every writable tree (a global git config, a program's first
+    line): its links are the host's own and are followed (the last one too unless
+    ``follow`` is false), but a FIFO or device is never opened for reading and no more
+    than ``cap`` bytes are read.  None: absent, or not a regular file.  Over ``cap``:
+    ``EFBIG``, or with ``whole`` false its first ``cap``."""
+    try:
+        handle = os.open(path, os.O_PATH | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(handle).st_mode):
+            return None
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC)
+    finally:
+        os.close(handle)
+    if not whole:
+        try:
+            return os.read(fd, cap)
+        finally:
+            os.close(fd)
+    return _read_capped(fd, cap, path)
+
+
+def _read_capped(fd: int, cap: int, name: str) -> bytes:
+    """Read ``fd`` to its end, at most ``cap`` bytes (``EFBIG`` past it); closes it."""
+    try:
+        data = bytearray()
+        while len(data) <= cap and (chunk := os.read(fd, min(1 << 16, cap + 1 - len(data)))):
+            data += chunk
+        if len(data) > cap:
+            raise OSError(errno.EFBIG, f"larger than {cap} bytes", name)
+        return bytes(data)
+    finally:
+        os.close(fd)
 
 
 def _setgroups(groups: list[int]) -> None:
@@ -229,8 +285,11 @@ class Tree:
         return os.path.join(self.root, *split(rel))
 
     def open(self, rel: str, flags: int, mode: int = 0o600) -> int:
-        """A descriptor for ``rel``; the caller closes it.  Creation is as the owner."""
-        with acting_as(self.owner):
+        """A descriptor for ``rel``; the caller closes it.  Opening to create or write is
+        as the owner; looking and reading keep the launcher's rights (root then sees what
+        the owner hid from itself with chmod, and could undo: the scan must see it too)."""
+        writing = flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR | os.O_TRUNC)
+        with acting_as(self.owner if writing else None):
             return open_beneath(self.fd, rel, flags, mode)
 
     def lstat(self, rel: str) -> os.stat_result | None:
@@ -253,17 +312,7 @@ class Tree:
         regular file (a FIFO, a socket, a device, a directory: none of them is ever opened
         for reading).  Over ``cap`` bytes: ``EFBIG``."""
         fd = self._regular(rel, os.O_RDONLY)
-        if fd is None:
-            return None
-        try:
-            data = bytearray()
-            while len(data) <= cap and (chunk := os.read(fd, min(1 << 16, cap + 1 - len(data)))):
-                data += chunk
-            if len(data) > cap:
-                raise OSError(errno.EFBIG, f"larger than {cap} bytes", self.path(rel))
-            return bytes(data)
-        finally:
-            os.close(fd)
+        return None if fd is None else _read_capped(fd, cap, self.path(rel))
 
     def _regular(self, rel: str, flags: int) -> int | None:
         """``rel`` opened with ``flags`` if it is a regular file, else None.
@@ -279,7 +328,8 @@ class Tree:
         try:
             if not stat.S_ISREG(os.fstat(handle).st_mode):
                 return None
-            with acting_as(self.owner):
+            writing = flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)
+            with acting_as(self.owner if writing else None):
                 return os.open(f"/proc/self/fd/{handle}",
                                flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         finally:
@@ -299,8 +349,7 @@ class Tree:
         An existing directory is accepted (another launch may have just made it); anything
         else in its place is ``EEXIST``.  Returns the directory's own stat.
         """
-        *parents, name = split(rel)
-        parent = self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY)
+        parent, name = self.parent(rel)
         try:
             with acting_as(self.owner):
                 with contextlib.suppress(FileExistsError):
@@ -325,8 +374,7 @@ class Tree:
 
     def unlink(self, rel: str) -> None:
         """Remove the non-directory ``rel`` (a link itself, never its target)."""
-        *parents, name = split(rel)
-        parent = self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY)
+        parent, name = self.parent(rel)
         try:
             with acting_as(self.owner):
                 os.unlink(name, dir_fd=parent)
@@ -334,14 +382,15 @@ class Tree:
             os.close(parent)
 
     def rename(self, rel: str, dest: Tree, dest_rel: str) -> None:
-        """Move ``rel`` to ``dest_rel`` beneath ``dest`` (which may be this tree)."""
-        *src_parents, src_name = split(rel)
-        *dst_parents, dst_name = split(dest_rel)
-        src = self.open("/".join(src_parents), os.O_PATH | os.O_DIRECTORY)
+        """Move ``rel`` to ``dest_rel`` beneath ``dest`` (which may be this tree): as the
+        owner within one tree; into another (the audit's quarantine, the launcher's own)
+        with the launcher's rights, which the owner lacks there."""
+        src, src_name = self.parent(rel)
         try:
-            dst = dest.open("/".join(dst_parents), os.O_PATH | os.O_DIRECTORY)
+            dst, dst_name = dest.parent(dest_rel)
             try:
-                os.rename(src_name, dst_name, src_dir_fd=src, dst_dir_fd=dst)
+                with acting_as(self.owner if dest is self else None):
+                    os.rename(src_name, dst_name, src_dir_fd=src, dst_dir_fd=dst)
             finally:
                 os.close(dst)
         finally:
@@ -363,3 +412,97 @@ class Tree:
             return os.fstat(handle)
         finally:
             os.close(handle)
+
+    # -- more than one name at a time --------------------------------------------------
+
+    def parent(self, rel: str) -> tuple[int, str]:
+        """An ``O_PATH`` descriptor of ``rel``'s directory (the caller closes it), and its
+        last name: for the ``*at`` calls, which never follow a last-component link."""
+        *parents, name = split(rel)
+        if not name:
+            raise OSError(errno.EINVAL, "the top of a tree has no parent here", self.root)
+        return self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY), name
+
+    def scandir(self, rel: str = "", stats: bool = False) -> list[Entry]:
+        """The entries of directory ``rel`` with their kinds, links not followed; with
+        ``stats``, each one's lstat too (relative to the directory's own descriptor)."""
+        fd = self.open(rel, DIR_FLAGS)
+        try:
+            with os.scandir(fd) as it:
+                return [Entry(e.name, _entry_kind(e), _entry_stat(e) if stats else None)
+                        for e in it]
+        finally:
+            os.close(fd)
+
+    def components(self, rel: str) -> list[os.stat_result]:
+        """The stat of the top and of every component down to ``rel``, each reached
+        beneath the one before without following a link (the last may be a link)."""
+        out, fd = [os.fstat(self.fd)], self.fd
+        try:
+            for part in split(rel):
+                nxt = open_beneath(fd, part, os.O_PATH)
+                if fd != self.fd:
+                    os.close(fd)
+                fd = nxt
+                out.append(os.fstat(fd))
+            return out
+        finally:
+            if fd != self.fd:
+                os.close(fd)
+
+    def readlink(self, rel: str) -> str:
+        """What the symbolic link ``rel`` says (never followed)."""
+        parent, name = self.parent(rel)
+        try:
+            return os.readlink(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def write_new(self, rel: str, data: bytes, mode: int = 0o644) -> os.stat_result:
+        """Create the file ``rel`` (it must not exist) as the owner, holding ``data``."""
+        fd = self.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def symlink(self, target: str, rel: str) -> None:
+        """Create the link ``rel`` -> ``target`` as the owner (``target`` is only text)."""
+        parent, name = self.parent(rel)
+        try:
+            with acting_as(self.owner):
+                os.symlink(target, name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def rmdir(self, rel: str) -> None:
+        """Remove the empty directory ``rel`` (never a link's target)."""
+        parent, name = self.parent(rel)
+        try:
+            with acting_as(self.owner):
+                os.rmdir(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+
+def _entry_stat(e: os.DirEntry[str]) -> os.stat_result | None:
+    try:
+        return e.stat(follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _entry_kind(e: os.DirEntry[str]) -> str:
+    if e.is_symlink():
+        return "link"
+    if e.is_dir(follow_symlinks=False):
+        return "dir"
+    if e.is_file(follow_symlinks=False):
+        return "file"
+    try:
+        return kind_of(e.stat(follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return "other"
