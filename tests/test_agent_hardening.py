@@ -117,10 +117,10 @@ def test_a_mount_that_landed_elsewhere_stops_the_launch(who: Identity, lab: Lab,
     """The init's own check, as when a racing sandbox swapped a folder during setup."""
     script = (
         "import sys, json\n"
-        "from corral import api, host, launch\n"
+        "from corral import agent, host, launch\n"
         "from corral.profiles import load_profile\n"
         "policy = load_profile('generic')\n"
-        "sb, _ = api.plan_agent(['/bin/true'], policy, project=sys.argv[1])\n"
+        "sb, _ = agent.resolve_agent(policy, ['/bin/true'], host.detect(), sys.argv[1])\n"
         "expect = [list(e) for e in sb.init_config['expect_mounts']]\n"
         "if sys.argv[2] == 'tamper':  # as if .git's pin had landed on another folder\n"
         "    next(e for e in expect if e[1] == 'pin')[3] += 1\n"
@@ -154,6 +154,7 @@ def test_a_second_path_to_home_is_still_home(root: Identity, lab: Lab) -> None:
     assert shutil.which("unshare") is not None
     alias = root.tmp / "homebind"
     alias.mkdir()
+    root.tmp.chmod(0o711)  # the agent (the owner) can reach a project there on the host
     cmd = (f"mount --bind {lab.home} {alias} && cd {alias} && "
            f"exec {' '.join(root.prefix())} -m corral agent -- /bin/true")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],

@@ -12,12 +12,13 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from .errors import CorralError, UsageError
+from .errors import CorralError, Interrupted, UsageError
 
 SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
@@ -317,6 +318,7 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
         return 0
     result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
                      capture=args.json, env=env, runs_dir=args.runs_dir)
+    _warn(result.notes)
     if result.unenforced_limits:
         print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
               f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
@@ -367,8 +369,7 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
 
     result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
                            record=args.verb == "agent", announce=announce)
-    for note in result.notes:
-        print(f"corral: warning: {note}", file=sys.stderr)
+    _warn(result.notes)
     if result.unenforced_limits:
         print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
               f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
@@ -403,10 +404,24 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if data["ready"] else 1
 
 
+def _warn(notes: Sequence[str]) -> None:
+    """What the audit did: one line each, on stderr."""
+    for note in notes:
+        print(f"corral: warning: {note}", file=sys.stderr)
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
     options, cmd = _split(argv)
     json_mode = "--json" in options
+    # SIGTERM and SIGHUP unwind like Ctrl-C: the sandbox is killed, the run audited and
+    # recorded, before corral exits 128+N (SIGKILL cannot be caught: see threat-model.md).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
     try:
         verb = next((a for a in options if not a.startswith("-")), None)
         args = _parser(verb).parse_args(options)
@@ -423,10 +438,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         code = _reader_gone()
     except CorralError as e:
+        _warn(e.notes)
         print(f"corral: error: {e}", file=sys.stderr)
         if json_mode:
-            print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e)}))
+            print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e),
+                              "notes": list(e.notes)}))
         code = SETUP_FAILED
+    except Interrupted as e:
+        _warn(e.notes)
+        print(f"corral: interrupted (signal {e.signum}): the sandbox was stopped",
+              file=sys.stderr)
+        code = 128 + e.signum
+        if json_mode:
+            print(json.dumps({"status": "interrupted", "exit_code": code,
+                              "signal": e.signum, "notes": list(e.notes)}))
     except KeyboardInterrupt:
         code = 130
     try:

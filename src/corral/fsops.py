@@ -17,9 +17,10 @@ operation here:
 * started by root, on a tree owned by someone else, creates, writes, removes and renames
   with the owner's identity (:func:`acting_as`): the thread's filesystem uid and gid and
   its groups become the owner's for the operation (looking and reading keep root's: what
-  the owner locked away with chmod it could also unlock, so corral must see it).  What root creates there is the owner's from birth (no ``chown`` by path
-  afterwards), and a swapped path can never turn root's ``mkdir`` or ``open`` onto a file the
-  owner could not touch.
+  the owner locked away with chmod it could also unlock, so corral must see it).  What
+  root creates there is the owner's from birth (no ``chown`` by path afterwards), and a
+  swapped path can never turn root's ``mkdir`` or ``open`` onto a file the owner could not
+  touch.
 
 Nothing found beneath a tree is ever executed or trusted to name what gets mounted: it is data
 (DESIGN, wave 2, root 1).

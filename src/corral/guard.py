@@ -134,3 +134,6 @@ class Finding(NamedTuple):
     action: str  # "protect" (read-only), "hide" (empty, read-only), "pin" (bound onto itself)
     kind: str  # "file" or "dir"
     reason: str
+    # "": found there; "placeholder": an empty file corral made so that nothing else can be
+    # created there (removed after the run); "planned": --dry-run, would be made at launch
+    origin: str = ""
