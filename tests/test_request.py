@@ -169,7 +169,8 @@ def test_compile_has_its_own_timeout_and_status(who: Identity) -> None:
 @pytest.mark.sandbox
 def test_files_go_in_and_come_back_capped(who: Identity) -> None:
     code = ("import os; print(open('data/in.txt').read());"
-            "open('out.bin','wb').write(bytes(range(256))); open('big','wb').write(b'x' * 3_000_000); os.mkfifo('fifo')")
+            "open('out.bin','wb').write(bytes(range(256)));"
+            "open('big','wb').write(b'x' * 3_000_000); os.mkfifo('fifo')")
     req = {"id": "f", "code": code, "language": "python", "files": {"data/in.txt": "hello"},
            "fetch": ["out.bin", "big", "fifo", "absent"], "limits": {"fetch": "1M"}}
     [res] = run_as(who, [req])
