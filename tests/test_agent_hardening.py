@@ -26,11 +26,11 @@ def _commit(path: Path) -> None:
     git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
 
 
-def test_a_commondir_planted_in_git_is_removed_after_the_run(who: Identity, lab: Lab) -> None:
-    plant = "echo ../.cache/c > .git/commondir; ls .git/commondir"
+def test_a_commondir_planted_in_git_is_removed(who: Identity, lab: Lab) -> None:
+    plant = "echo ../.cache/c > .git/commondir && echo WROTE"
     r = agent(who, lab, plant)
-    assert r.returncode == 0 and ".git/commondir" in r.stdout  # it was written inside...
-    assert not (lab.project / ".git" / "commondir").exists()  # ...and undone afterwards
+    assert r.returncode == 0 and "WROTE" in r.stdout  # it was written inside...
+    assert not (lab.project / ".git" / "commondir").exists()  # ...and undone (at once)
     assert "removed" in r.stderr and "commondir" in r.stderr
     # Control: the naive sandbox leaves it, and the host's git would obey it.
     naive(who, lab, plant)

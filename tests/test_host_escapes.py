@@ -113,6 +113,20 @@ def test_a_project_python_version_chooses_only_among_installed_versions(tmp_path
                 os.environ[k] = v
 
 
+def test_a_dry_run_creates_nothing(who: Identity, lab: Lab) -> None:
+    """--dry-run shows what a launch would make (hooks/, placeholders) without making it."""
+    subprocess.run(["rm", "-rf", str(lab.project / ".git" / "hooks")], check=True)
+    config = lab.project / ".git" / "config"
+    config.write_text(config.read_text() + "[include]\n\tpath = ../later.inc\n")
+    r = who.corral("agent", "--dry-run", "--", "/bin/true", cwd=lab.project)
+    assert r.returncode == 0 and ".git/hooks" in r.stdout and "later.inc" in r.stdout, r
+    assert not (lab.project / ".git" / "hooks").exists()
+    assert not (lab.project / "later.inc").exists()
+    # Control: the launch itself makes both (and removes the placeholder after).
+    assert agent(who, lab, "test -f later.inc && echo PLACED").stdout.strip() == "PLACED"
+    assert (lab.project / ".git" / "hooks").is_dir()
+
+
 def test_a_venv_cannot_choose_what_is_mounted(who: Identity, lab: Lab) -> None:
     """``home = ~/.ssh/bin`` in a venv's pyvenv.cfg made main mount ~/.ssh."""
     venv = lab.project / ".venv"

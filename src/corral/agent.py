@@ -103,7 +103,10 @@ class Layout(NamedTuple):
         rows += [Entry(p, "hidden", "file", "emptied: system secret") for p in self.hidden_files]
         rows += [*self.read_only, *self.writable]
         access = {"protect": "ro", "hide": "hidden", "pin": "pinned"}
-        rows += [Entry(f.path, access[f.action], f.kind, f.reason) for f in self.findings]
+        made = {"planned": " (made at launch)", "placeholder": " (an empty placeholder, "
+                "removed after the run)", "": ""}
+        rows += [Entry(f.path, access[f.action], f.kind, f.reason + made[f.origin])
+                 for f in self.findings]
         return rows
 
 
@@ -305,17 +308,19 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     writable = _writable(policy, home, project, (uid, gid))
     findings, expected = _protections(policy, home, writable, (uid, gid) if host.is_root
                                       else None, dry_run)
-    read_only = _read_only(policy, home, program.needed(found, hidden, home, uid, gid), host,
-                           hidden, writable)
-    for e in read_only:
-        findings += discover.secrets_in(e.path) if e.kind == "dir" else []
+    needs, installs = program.needed(found, hidden, home, uid, gid)
+    read_only = _read_only(policy, home, needs, host, hidden, writable)
+    for e in read_only:  # an interpreter's installation holds its library, nobody's secrets
+        if e.kind == "dir" and e.path not in (*installs, host.python_prefix):
+            findings += discover.secrets_in(e.path)
+    findings = list({(f.path, f.action): f for f in findings}.values())
     # Search (not listing) on the way to what the launcher itself chose: corral's Python,
-    # which its init runs on, and --ro paths; every other folder bwrap makes is no wider
-    # than the agent's user finds it on the host.
+    # which its init runs on, the agent's interpreter, and --ro paths; every other folder
+    # bwrap makes is no wider than the agent's user finds it on the host.
     init_prefix = [host.python_prefix] if any(_under(host.python, t) for t in hidden) else []
     modes = dir_modes([*hidden, *(e.path for e in (*read_only, *writable))], uid, gid,
-                      traverse=[*init_prefix, *(p for p in policy.read_only
-                                                if not p.startswith("~/"))])
+                      traverse=[*init_prefix, *installs, *(p for p in policy.read_only
+                                                           if not p.startswith("~/"))])
     layout = Layout(
         project=project, home=home, hidden_trees=hidden,
         hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),

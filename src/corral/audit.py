@@ -375,5 +375,11 @@ def _inert_key(name: str, value: str | None) -> bool:
     return not (key in ("url", "pushurl") and value is not None and "::" in value)
 
 
+# Hidden at launch as secrets, but also run by the host (direnv runs .envrc on entering
+# the directory): a new one is planted code.
+RUN_BY_HOST = frozenset({".envrc"})
+
+
 def protected_names(extra: Sequence[str] = ()) -> frozenset[str]:
-    return frozenset(discover.PROTECTED_NAMES | set(extra))
+    """The names the audit compares: what the host runs or trusts, wherever it appears."""
+    return frozenset(discover.PROTECTED_NAMES | RUN_BY_HOST | set(extra))

@@ -66,8 +66,9 @@ SECRET_DIRS = frozenset({".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure",
                          ".password-store"})
 # Inside read-only exceptions (a program's folder, --ro): credential files too, by names
 # that would be too broad inside a project ("credentials.py" is code there).
-CREDENTIAL_GLOBS = ("credentials", "credentials.*", ".credentials*", "*token*", "*secret*",
-                    "auth.json", ".git-credentials", "*.age", "hosts.yml")
+CREDENTIAL_GLOBS = ("credentials", "credentials.*", ".credentials*", "token", "*.token",
+                    "tokens", "tokens.*", "*_token", "*-token", "auth.json", "*.age",
+                    "hosts.yml", "*.kdbx")
 MAX_SCANNED = 500_000  # entries; past this the scan fails closed
 MAX_EXCEPTION = 100_000  # entries of one read-only exception checked for secret names
 MAX_MASKS = 4_000  # protected, hidden and pinned paths; bwrap and the kernel cap mounts

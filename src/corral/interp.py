@@ -3,7 +3,8 @@ the launcher's own settings, never by running anything, never on the word of a f
 payload can write (DESIGN, wave 2, root 1).
 
 * A pyenv shim is only a file in the launcher's own ``$PYENV_ROOT/shims`` (from its
-  environment; pyenv's default ``~/.pyenv``).  Its version comes from ``PYENV_VERSION``,
+  environment; else pyenv's default ``.pyenv`` in the launcher's home, by ``$HOME`` and
+  by its account).  Its version comes from ``PYENV_VERSION``,
   else the nearest ``.python-version``, else ``$PYENV_ROOT/version``: each word only a
   *name*, which must be an installed ``$PYENV_ROOT/versions/NAME`` (a ``.python-version``
   in a project may choose among installed versions, never a path).  ``system`` is the
@@ -21,6 +22,7 @@ payload can write (DESIGN, wave 2, root 1).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from collections.abc import Sequence
@@ -29,8 +31,8 @@ from . import fsops
 from .errors import UsageError
 from .policy import check_path
 
-__all__ = ["INTERPRETER", "check_prefix", "prefix_of", "pyenv_root", "venv", "which",
-           "which_command"]
+__all__ = ["INTERPRETER", "check_prefix", "homes", "installed", "prefix_of",
+           "pyenv_roots", "venv", "which", "which_command"]
 
 INTERPRETER = re.compile(r"(python|pypy|node|nodejs|deno|bun|ruby|perl)[\d.]*\Z")
 VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
@@ -93,17 +95,26 @@ def which(name: str, search: str) -> str | None:
     return None
 
 
-def pyenv_root() -> str:
-    """The launcher's own pyenv root (never one a file names)."""
-    return os.path.realpath(os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv"))
+def pyenv_roots() -> list[str]:
+    """The launcher's own pyenv roots (never one a file names): ``$PYENV_ROOT``, else
+    pyenv's default in the launcher's home, by ``$HOME`` and by its account."""
+    import pwd
+
+    if os.environ.get("PYENV_ROOT"):
+        return [os.path.realpath(os.environ["PYENV_ROOT"])]
+    homes = [os.path.expanduser("~")]
+    with contextlib.suppress(KeyError):
+        homes.append(pwd.getpwuid(os.geteuid()).pw_dir)
+    return list(dict.fromkeys(os.path.realpath(os.path.join(h, ".pyenv")) for h in homes))
 
 
 def _pyenv_shim(path: str, name: str, search: str) -> str | None:
     """The interpreter the launcher's pyenv shim ``path`` runs; None when it is no shim."""
-    root = pyenv_root()
-    shims = os.path.join(root, "shims")
-    if os.path.realpath(os.path.dirname(path)) != shims:
+    here = os.path.realpath(os.path.dirname(path))
+    root = next((r for r in pyenv_roots() if here == os.path.join(r, "shims")), None)
+    if root is None:
         return None
+    shims = here
     for version in _pyenv_versions(root):
         if version == "system":
             rest = os.pathsep.join(d for d in search.split(os.pathsep)
@@ -235,7 +246,7 @@ def venv(path: str, writable: Sequence[str], trusted: Sequence[str]) -> tuple[st
     if prefix is None:
         return real, None
     if _under(prefix, homes()) and prefix not in trusted and not _under(
-            prefix, [os.path.join(pyenv_root(), "versions")]):
+            prefix, [os.path.join(r, "versions") for r in pyenv_roots()]):
         raise UsageError(f"the virtualenv {path} was made from a Python in {prefix}, inside "
                          "the home directory", "a virtualenv is data the sandbox may have "
                          "written, and may not choose what of the home directory is mounted",

@@ -8,12 +8,14 @@ interpreter.  Mounting the whole installation prefix (all of ``~/.cargo``) would
 * the program's own file, and the file it links to;
 * the package folder of a script (the nearest folder above it with a ``package.json``),
   whose modules it loads;
-* an interpreter's installation prefix (the parent of its ``bin``), which holds its
-  standard library;
+* an interpreter's installation prefix (the parent of its ``bin``, with the landmark
+  the interpreter itself looks for), which holds its standard library: the one kind of
+  folder mounted even where the agent's user could not reach it on the host (root's
+  pyenv), with search, never listing, granted on the folders above it;
 
-never the home directory, a folder holding it, or ``~/.local`` whole; never a path the
-agent's own user cannot reach on the host (started by root, root's own ``/root/...``
-installs are another user's folder).  Secret and credential names inside what is mounted
+never the home directory, a folder holding it, or ``~/.local`` whole; never any other
+path the agent's own user cannot reach on the host (started by root, root's own
+``/root/.cargo`` is another user's folder).  Secret and credential names inside what is mounted
 are hidden (:func:`corral.discover.secrets_in`).
 """
 
@@ -38,20 +40,28 @@ def _under(path: str, root: str) -> bool:
 
 
 def needed(found: str, hidden: Sequence[str], home: str, uid: int, gid: int
-           ) -> list[tuple[str, str]]:
-    """(path, "file" or "dir") to mount read-only so that ``found`` runs as ``uid``."""
+           ) -> tuple[list[tuple[str, str]], list[str]]:
+    """(path, "file" or "dir") to mount read-only so that ``found`` runs as ``uid``, and
+    the interpreter installations among them, whose parents the agent may search."""
     out: dict[str, str] = {}
-    _add(found, hidden, home, uid, gid, out, depth=0)
+    installs: list[str] = []
+    _add(found, hidden, home, uid, gid, out, installs, depth=0)
     dirs = [p for p, k in out.items() if k == "dir"]
     return [(p, k) for p, k in out.items()
-            if k == "dir" or not any(_under(p, d) for d in dirs)]
+            if k == "dir" or not any(_under(p, d) for d in dirs)], installs
 
 
 def _add(found: str, hidden: Sequence[str], home: str, uid: int, gid: int,
-         out: dict[str, str], depth: int) -> None:
+         out: dict[str, str], installs: list[str], depth: int) -> None:
     real = os.path.realpath(found)
+    hid = any(_under(real, t) for t in hidden)
+    # An interpreter's installation (its own landmark checked) is mounted whole even where
+    # the agent's user cannot reach it on the host (root's pyenv, say): it holds no one's
+    # secrets, and the launcher chose it from its own PATH.  Anything else must be
+    # reachable by that user: corral never mounts another user's folder.
+    prefix = _interpreter_prefix(real, home) if hid else None
     for path in dict.fromkeys((found, real)):
-        if not any(_under(path, t) for t in hidden):
+        if not any(_under(path, t) for t in hidden) or (prefix and _under(path, prefix)):
             continue
         if not can_reach(path, uid, gid):
             raise UsageError(
@@ -59,15 +69,16 @@ def _add(found: str, hidden: Sequence[str], home: str, uid: int, gid: int,
                 "reach on the host", "corral never mounts another user's folder",
                 "install the program where that user can run it, or under /usr")
         out.setdefault(path, "file")
-    if any(_under(real, t) for t in hidden):
-        folder = _interpreter_prefix(real, home) or _package_folder(real, hidden, home)
-        if folder is not None:
-            out[folder] = "dir"
+    if prefix is not None:
+        out[prefix] = "dir"
+        installs.append(prefix)
+    elif hid and (package := _package_folder(real, hidden, home)) is not None:
+        out[package] = "dir"
     interpreter = _shebang(found)
     if interpreter is not None and depth < 4:
         located = shutil.which(interpreter) if "/" not in interpreter else interpreter
         if located and located != found:
-            _add(located, hidden, home, uid, gid, out, depth + 1)
+            _add(located, hidden, home, uid, gid, out, installs, depth + 1)
 
 
 def _safe_folder(path: str, home: str) -> bool:
