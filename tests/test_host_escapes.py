@@ -66,9 +66,15 @@ def test_resolving_the_command_never_runs_a_planted_file(who: Identity, lab: Lab
         ("agent", "--", str(bindir / "x")),
         ("run", "--dry-run", "--", "python3", "-c", "pass"),
     ]
+    (bindir / "bwrap").write_text(f"#!/bin/sh\necho ran > {marker}\n")  # for detect()
+    (bindir / "bwrap").chmod(0o755)
+    _own(lab, bindir)
     for args in attempts:
         who.corral(*args, cwd=lab.project, env={"PATH": path})
         assert not marker.exists(), f"corral {' '.join(args)} ran the planted pyenv"
+    import shutil
+
+    assert shutil.which("bwrap", path=path) == str(bindir / "bwrap")  # main's way found it
     # Control: what main did with the shim (run its PYENV_ROOT's pyenv) runs the plant.
     subprocess.run([str(root / "libexec" / "pyenv"), "which", "python3"], check=True,
                    capture_output=True)
@@ -329,7 +335,8 @@ def test_a_commondir_planted_during_the_run_is_removed_at_once(who: Identity, la
 
 PLANT_HOOK = ("git init -q planted && printf '#!/bin/sh\\necho pwned\\n' > "
               "planted/.git/hooks/pre-commit && chmod +x planted/.git/hooks/pre-commit && "
-              "cp /bin/true setid && chmod 4755 setid 2>/dev/null; echo PLANTED; {end}")
+              "cp /bin/true setid && chmod 4755 setid 2>/dev/null; echo PLANTED; touch planted/done; "
+              "{end}")
 # An exception in corral's own supervision, once the payload has planted: the API must
 # still audit (run as the identity under test, through the real CLI entry point).
 CRASH = """
@@ -339,7 +346,7 @@ real = launch.Launch.supervise
 def supervise(self):
     while self.proc.poll() is None:
         import os, time
-        if os.path.exists("planted/.git/hooks/pre-commit"):
+        if os.path.exists("planted/done"):  # after PLANTED was written
             raise RuntimeError("corral's supervision crashed")
         time.sleep(0.05)
     return real(self)
@@ -463,6 +470,34 @@ def test_a_symlinked_hook_target_is_read_only(who: Identity, lab: Lab) -> None:
     _own(lab, lab.project)
     r = agent(who, lab, "true")
     assert r.returncode == 125 and "symbolic link" in r.stderr, r.stderr
+
+
+def test_a_hard_linked_hook_is_refused(who: Identity, lab: Lab) -> None:
+    (lab.project / "scripts").mkdir()
+    (lab.project / "scripts" / "pre-commit").write_text("#!/bin/sh\n")
+    os.link(lab.project / "scripts" / "pre-commit", lab.project / ".git" / "hooks" / "pre-commit")
+    (lab.project / ".vscode").mkdir()
+    os.link(lab.project / "scripts" / "pre-commit", lab.project / ".vscode" / "tasks.json")
+    _own(lab, lab.project)
+    r = agent(who, lab, "true")
+    assert r.returncode == 125 and "hard link" in r.stderr, r.stderr
+    ctl = naive(who, lab, "echo evil >> scripts/pre-commit")
+    assert ctl.returncode == 0
+    assert "evil" in (lab.project / ".git" / "hooks" / "pre-commit").read_text()
+
+
+def test_a_template_folder_named_by_the_global_config_is_read_only(who: Identity,
+                                                                    lab: Lab) -> None:
+    rel = os.path.relpath(lab.project, lab.home)
+    (lab.home / ".gitconfig").write_text(f"[init]\n\ttemplateDir = ~/{rel}/tmpl\n")
+    (lab.project / "tmpl" / "hooks").mkdir(parents=True)
+    _own(lab, lab.project, lab.home / ".gitconfig")
+    script = "(echo evil > tmpl/hooks/post-checkout) 2>/dev/null && echo WROTE; true"
+    r = agent(who, lab, script)
+    assert r.returncode == 0 and "WROTE" not in r.stdout, r
+    ctl = naive(who, lab, script)
+    assert "WROTE" in ctl.stdout  # git init on the host would copy it into new repos
+    (lab.home / ".gitconfig").unlink()
 
 
 def test_a_bare_repository_is_a_git_directory(who: Identity, lab: Lab) -> None:

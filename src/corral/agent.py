@@ -148,9 +148,10 @@ def _finding_ops(findings: Sequence[Finding]) -> Iterator[Op]:
     # point, so rename(2) of it fails with EBUSY: the agent cannot swap in its own .git.
     for f in sorted(findings, key=lambda f: (f.path.count("/"), f.action != "pin", f.path)):
         if f.action == "pin":
-            yield BindFd(PathHandle(f.path), f.path, writable=True)
+            yield BindFd(PathHandle(f.path, no_links=True), f.path, writable=True)
         elif f.action == "protect":
-            yield BindFd(PathHandle(f.path, f.kind == "dir"), f.path, writable=False)
+            yield BindFd(PathHandle(f.path, f.kind == "dir", no_links=True), f.path,
+                         writable=False)
         else:
             yield from mask(f.path, f.kind)
 

@@ -281,6 +281,11 @@ class Auditor:
                                      "inside a folder tools on the host trust", restore=True)
 
     def _gitdir(self, tree: fsops.Tree, rel: str) -> None:
+        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True):
+            for e in entries:  # set-id bits inside git directories too
+                if e.kind == "file" and e.st is not None and e.st.st_mode & SETID \
+                        and self.census.changed(e.st):
+                    self._strip(tree, join(here, e.name))
         path = tree.path(rel)
         new = path not in self.census.gitdirs and path not in self.census.linked
         main = path not in self.census.linked

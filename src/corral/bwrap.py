@@ -62,10 +62,13 @@ class PathHandle(NamedTuple):
 
     Writable trees are bound this way: the launcher checks and opens the
     exact directory, so a path component swapped afterwards changes nothing.
+    ``no_links``: every component is reached without following a link (paths inside
+    writable trees, where another sandbox could swap one in at any moment).
     """
 
     path: str
     directory: bool = True
+    no_links: bool = False
 
 
 class FdTable(Protocol):

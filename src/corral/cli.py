@@ -410,9 +410,11 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
     options, cmd = _split(argv)
     json_mode = "--json" in options
-    # SIGTERM and SIGHUP unwind like Ctrl-C: the sandbox is killed, the run audited and
-    # recorded, before corral exits 128+N (SIGKILL cannot be caught: see threat-model.md).
-    for sig in (signal.SIGTERM, signal.SIGHUP):
+    # Signals whose default is to end the process unwind like Ctrl-C: the sandbox is
+    # killed, the run audited and recorded, before corral exits 128+N (SIGKILL cannot be
+    # caught: see threat-model.md).
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                signal.SIGUSR2, signal.SIGALRM):
         signal.signal(sig, _stop)
     try:
         verb = next((a for a in options if not a.startswith("-")), None)

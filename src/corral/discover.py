@@ -145,9 +145,26 @@ def _named(tree: fsops.Tree, rel: str, kind: str, protected: bool) -> Finding:
     if st is not None and kind == "file" and st.st_nlink > 1:
         raise _refuse(path, f"has {st.st_nlink} hard links",
                       "its other names would stay writable and readable")
+    if kind == "dir":
+        _no_hard_links(tree, rel)
     if protected:
         return Finding(path, "protect", kind, "run or trusted by tools on the host")
     return Finding(path, "hide", kind, "looks like a secret")
+
+
+def _no_hard_links(tree: fsops.Tree, rel: str) -> None:
+    """A protected or hidden folder whose files have other names elsewhere is refused: the
+    other name would stay writable (or readable).  Fails closed past MAX_EXCEPTION."""
+    try:
+        for here, entries in walk(tree, rel, limit=MAX_EXCEPTION, stats=True):
+            for e in entries:
+                if e.kind == "file" and e.st is not None and e.st.st_nlink > 1:
+                    raise _refuse(tree.path(join(here, e.name)), f"has {e.st.st_nlink} hard "
+                                  "links", "its other names would stay writable and readable")
+    except OSError as e:
+        raise UsageError(f"cannot check {tree.path(rel)} for hard links",
+                         e.strerror or str(e), "make it smaller, or fix its permissions"
+                         ) from None
 
 
 def _dot_git(tree: fsops.Tree, scope: repos.Scope, rel: str, kind: str) -> Iterator[Finding]:

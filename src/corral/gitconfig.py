@@ -38,6 +38,8 @@ COMMAND_KEYS = {
     ("remote", True, "uploadpack"), ("remote", True, "receivepack"),
 }
 COMMAND_SECTIONS = ("alias", "pager")  # every key of these is a command (or may be)
+# Keys whose values are folders git copies or runs hooks from.
+HOOK_FOLDERS = ("core.hookspath", "init.templatedir")
 
 
 class ConfigError(ValueError):

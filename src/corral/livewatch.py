@@ -26,6 +26,7 @@ from types import TracebackType
 
 from . import fsops
 from .audit import Action
+from .errors import HostError
 from .fswalk import remove
 
 __all__ = ["LiveWatch"]
@@ -34,6 +35,14 @@ IN_CREATE, IN_MOVED_TO, IN_ONLYDIR, IN_Q_OVERFLOW = 0x100, 0x80, 0x01000000, 0x4
 IN_NONBLOCK, IN_CLOEXEC = os.O_NONBLOCK, os.O_CLOEXEC
 WATCHED = ("commondir", "config.worktree")
 EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; then the name
+
+
+def _unwatchable(what: str, err: int, knob: str) -> HostError:
+    """Fail closed: without the watch, host git would obey a plant until the run ends."""
+    hint = f"raise {knob} (sysctl)" if err in (errno.ENOSPC, errno.EMFILE) else "check inotify"
+    return HostError(f"corral cannot watch {what} during the run ({os.strerror(err)})",
+                     "a commondir or config.worktree planted there would be obeyed by git on "
+                     "the host until the run ends", hint)
 
 
 class LiveWatch:
@@ -54,8 +63,8 @@ class LiveWatch:
         libc = ctypes.CDLL(None, use_errno=True)
         self.fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self.fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1: "
-                          + os.strerror(ctypes.get_errno()))
+            raise _unwatchable("the run's git directories", ctypes.get_errno(),
+                               "fs.inotify.max_user_instances")
         for path, top, owner in self.gitdirs:
             self._add(libc, path, top, owner)
         self.stop_r, self.stop_w = os.pipe2(os.O_CLOEXEC)
@@ -77,13 +86,7 @@ class LiveWatch:
         finally:
             os.close(handle)
         if wd < 0:
-            err = ctypes.get_errno()
-            if err == errno.ENOSPC:  # the user's inotify watches are used up: say so, go on
-                self.actions.append(Action(path, "failed", "cannot be watched during the run "
-                                           "(fs.inotify.max_user_watches reached); the audit "
-                                           "after it still checks it"))
-                return
-            raise OSError(err, f"inotify_add_watch {path}: {os.strerror(err)}")
+            raise _unwatchable(path, ctypes.get_errno(), "fs.inotify.max_user_watches")
         self.wds[wd] = (path, top, owner)
 
     def _serve(self) -> None:

@@ -148,15 +148,19 @@ def _nested(scope: Scope, tree: fsops.Tree, folder: str) -> Iterator[Finding]:
 
 
 def _hook_links(scope: Scope, tree: fsops.Tree, hooks: str) -> Iterator[Finding]:
-    """The targets of hook entries that are links, when a writable tree holds them."""
+    """The targets of hook entries that are links, when a writable tree holds them; a hook
+    file with another hard link is refused (the other name is writable)."""
     if tree.lstat(hooks) is None:  # --dry-run: hooks/ is made at launch
         return
-    for e in tree.scandir(hooks):
-        if e.kind != "link":
-            continue
-        target = tree.readlink(f"{hooks}/{e.name}")
-        path = os.path.join(tree.path(hooks), target)
-        yield from _protect(scope, path, f"the hook {e.name} links to it", "file")
+    for here, entries in walk(tree, hooks, limit=NESTED_CAP, stats=True):
+        for e in entries:
+            rel = f"{here}/{e.name}"
+            if e.kind == "file" and e.st is not None and e.st.st_nlink > 1:
+                raise _refuse(tree.path(rel), f"has {e.st.st_nlink} hard links",
+                              "git runs it, and its other names would stay writable")
+            if e.kind == "link":
+                path = os.path.join(tree.path(here), tree.readlink(rel))
+                yield from _protect(scope, path, f"the hook {e.name} links to it", "file")
 
 
 def _protect(scope: Scope, path: str, reason: str, kind: str) -> Iterator[Finding]:
@@ -234,12 +238,12 @@ def gather(scope: Scope, path: str, depth: int = 0
 def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str
            ) -> Iterator[Finding]:
     """The hook folder and the programs a config names, resolved as git resolves them."""
-    hooks = [v for n, v in entries if n == "core.hookspath" and v]
-    if hooks:  # the last one wins, as in git
-        path = gitconfig.expand(hooks[-1], scope.home)
+    for key in gitconfig.HOOK_FOLDERS:  # core.hooksPath; init.templateDir's hooks get copied
+        values = [v for n, v in entries if n == key and v]
+        path = gitconfig.expand(values[-1], scope.home) if values else None  # the last wins
         if path is not None:
             yield from _protect(scope, os.path.join(worktree, path),
-                                "the hook folder git's config names (core.hooksPath)", "dir")
+                                f"a folder of hooks git's config names ({key})", "dir")
     for name, word in gitconfig.commands(entries):
         path = gitconfig.expand(word, scope.home)
         if path is not None and "/" in path:  # a bare name is looked up on PATH
