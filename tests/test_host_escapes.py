@@ -335,8 +335,8 @@ def test_a_commondir_planted_during_the_run_is_removed_at_once(who: Identity, la
 
 PLANT_HOOK = ("git init -q planted && printf '#!/bin/sh\\necho pwned\\n' > "
               "planted/.git/hooks/pre-commit && chmod +x planted/.git/hooks/pre-commit && "
-              "cp /bin/true setid && chmod 4755 setid 2>/dev/null; echo PLANTED; touch planted/done; "
-              "{end}")
+              "cp /bin/true setid && chmod 4755 setid 2>/dev/null; echo PLANTED; "
+              "touch planted/done; {end}")
 # An exception in corral's own supervision, once the payload has planted: the API must
 # still audit (run as the identity under test, through the real CLI entry point).
 CRASH = """
