@@ -571,3 +571,32 @@ def test_gits_credential_store_is_not_mounted(who: Identity, lab: Lab) -> None:
     assert lab.token not in r.stdout and "Config Visible" in r.stdout, r
     ctl = naive(who, lab, script)
     assert lab.token in ctl.stdout
+
+
+@pytest.mark.parametrize("how", ["exit", "SIGTERM"])
+def test_a_reused_workspace_gets_its_git_back(who: Identity, how: str) -> None:
+    """Run mode mounts nothing read-only inside its workspace: a reused one that holds a
+    repository (the user's) is audited against copies taken at launch."""
+    ws = who.tmp / "ws"
+    ws.mkdir()
+    git(ws, "init", "-q")
+    config = (ws / ".git" / "config").read_text()
+    who.chown(ws)
+    plant = ("printf '[core]\\n\\tfsmonitor = ./evil\\n' >> .git/config && "
+             "printf '#!/bin/sh\\n' > .git/hooks/pre-commit && chmod 4755 .git/hooks/pre-commit"
+             " 2>/dev/null; echo PLANTED; " + ("sleep 60" if how == "SIGTERM" else "true"))
+    proc = subprocess.Popen([*who.prefix(), "-m", "corral", "run", "--workspace", str(ws),
+                             "--", "/bin/sh", "-c", plant], cwd=who.tmp, env=who.environ(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "PLANTED"
+    if how == "SIGTERM":
+        proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert (ws / ".git" / "config").read_text() == config, err
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert "quarantined" in err and "restored" in err, err
+    # Control: the same plant in a plain bwrap with the workspace bound writable stays.
+    ctl = who.run(["bwrap", "--ro-bind", "/", "/", "--bind", str(ws), str(ws), "--chdir",
+                   str(ws), "--", "/bin/sh", "-c", plant.replace("sleep 60", "true")])
+    assert ctl.returncode == 0 and "fsmonitor" in (ws / ".git" / "config").read_text()
