@@ -17,15 +17,14 @@ import subprocess
 import tempfile
 import threading
 import time
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 
-from conftest import CI, SYSTEM_PYTHON, Identity, need, raw_bwrap_argv
-from layer_tools import give, need_x86_64, probe, without
+from conftest import SYSTEM_PYTHON, Identity, need, raw_bwrap_argv
+from layer_tools import need_x86_64, probe, without
 
 pytestmark = pytest.mark.sandbox
 # The kernel refuses these to a payload without capabilities before it looks at the
@@ -224,90 +223,6 @@ def test_landlock_stops_a_write_the_mounts_allow(who: Identity, layers: Path) ->
     assert not (extra / "f").exists()
     ctl = without(who, layers, ["landlock"], *write)
     assert ctl["stdout"] == "WROTE\n" and (extra / "f").read_text() == "landed\n", ctl
-
-
-SCRIPT_PY = """\
-import asyncio, multiprocessing, subprocess
-
-async def child():
-    proc = await asyncio.create_subprocess_exec("/bin/echo", "async", stdout=subprocess.PIPE)
-    return (await proc.communicate())[0].decode().strip()
-
-def square(x):
-    return x * x
-
-if __name__ == "__main__":
-    with multiprocessing.Pool(2) as pool:
-        print(asyncio.run(child()), sum(pool.map(square, range(4))))
-"""
-SCRIPT_JS = """\
-const out = require('child_process').execFileSync('/bin/echo', ['child']).toString().trim();
-const net = require('net');
-const server = net.createServer(c => c.end('tcp')).listen(0, '127.0.0.1', () => {
-  net.connect(server.address().port, '127.0.0.1')
-    .on('data', d => { console.log(out, d.toString()); server.close(); });
-});
-"""
-
-
-def test_python_and_node_scripts_run_under_their_profiles(who: Identity) -> None:
-    py = give(who, "work.py", SCRIPT_PY)
-    r = who.corral_json("--input", str(py), "--", "python3", "work.py")
-    assert r["exit_code"] == 0 and r["stdout"] == "async 14\n", r
-    if shutil.which("node") is None:
-        need(not CI, "node is not installed")
-        return
-    js = give(who, "work.js", SCRIPT_JS)
-    r = who.corral_json("--input", str(js), "--", "node", "work.js")
-    assert r["exit_code"] == 0 and r["stdout"] == "child tcp\n", r
-
-
-def _wheel(folder: Path) -> Path:
-    """A tiny pure-Python project, packed as a wheel by hand (no build tools, no network)."""
-    import base64
-    import hashlib
-
-    files = {
-        "corral_demo/__init__.py": "def hello():\n    return 'hello from a wheel'\n",
-        "corral_demo-0.1.dist-info/METADATA":
-            "Metadata-Version: 2.1\nName: corral-demo\nVersion: 0.1\n",
-        "corral_demo-0.1.dist-info/WHEEL":
-            "Wheel-Version: 1.0\nGenerator: corral-tests\nRoot-Is-Purelib: true\n"
-            "Tag: py3-none-any\n",
-    }
-    record = []
-    for name, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{name},sha256={digest.decode()},{len(text.encode())}")
-    files["corral_demo-0.1.dist-info/RECORD"] = "\n".join(
-        [*record, "corral_demo-0.1.dist-info/RECORD,,"]) + "\n"
-    path = folder / "corral_demo-0.1-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as z:
-        for name, text in files.items():
-            z.writestr(name, text)
-    path.chmod(0o644)
-    return path
-
-
-def test_pip_installs_a_local_wheel_into_a_venv(who: Identity) -> None:
-    wheel = who.chown(_wheel(who.tmp))
-    steps = ("python3 -m venv /work/venv && "
-             "/work/venv/bin/pip install --no-index --quiet /work/corral_demo-0.1-py3-none-any.whl"
-             " && /work/venv/bin/python -c 'import corral_demo; print(corral_demo.hello())'")
-    r = who.corral_json("--profile", "python", "--input", str(wheel), "--", "/bin/sh", "-c", steps)
-    assert r["exit_code"] == 0 and r["stdout"].endswith("hello from a wheel\n"), r
-
-
-def test_git_commit_and_gcc_work(who: Identity) -> None:
-    need(shutil.which("gcc") is not None and shutil.which("git") is not None,
-         "gcc and git are needed")
-    source = give(who, "hello.c", '#include <stdio.h>\nint main(void) '
-                                   '{ puts("compiled and ran"); return 0; }\n')
-    steps = ("git init -q repo && cd repo && echo data > f && git add f && "
-             "git -c user.name=corral -c user.email=corral@example.invalid commit -qm first && "
-             "git log --format=%s && cd /work && gcc -O1 -o hello hello.c && ./hello")
-    r = who.corral_json("--input", str(source), "--", "/bin/sh", "-c", steps)
-    assert r["exit_code"] == 0 and r["stdout"] == "first\ncompiled and ran\n", r
 
 
 def _library_path() -> str:
