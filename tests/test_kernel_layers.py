@@ -269,5 +269,10 @@ def test_doctor_shows_landlock_and_libseccomp(who: Identity) -> None:
     rows = {p["name"]: p for p in data["protections"]}
     assert rows["seccomp"]["enforced"] and "foreign ABIs refused" in rows["seccomp"]["how"]
     assert f"Landlock ABI {data['landlock_abi']}" in rows["landlock-writes"]["how"]
+    # The filter is counted, and the profiles that forbid unix sockets say what they add.
+    assert data["seccomp"] == seccomp.describe(("node", "python"))
     text = who.corral("doctor").stdout
     assert f"libseccomp:       {data['libseccomp']}" in text
+    assert (f"seccomp filter:   {data['seccomp']['allowed']} calls allowed" in text
+            and "node, python (unix_sockets = false) add: socket(AF_UNIX), "
+                "socketpair(AF_UNIX, SOCK_DGRAM)" in text), text

@@ -319,10 +319,17 @@ def test_the_aarch64_program_keeps_the_rules() -> None:
 
 # --- failing closed ---------------------------------------------------------------------------
 
-def test_summary_counts_the_table() -> None:
+def test_doctor_counts_the_table_and_names_what_each_profile_adds() -> None:
     line = seccomp.summary()
     assert f"allow-list of {len(UNCONDITIONAL) + len(NARROWED)} system calls" in line
-    assert f"{len(NARROWED)} only in some forms" in line and "unix_sockets = false" in line
+    assert f"{len(NARROWED)} only in some forms" in line and "foreign ABIs refused" in line
+    d = seccomp.describe(("node", "python"))
+    assert (d["allowed"], d["narrowed"], d["enosys"]) == (
+        len(UNCONDITIONAL) + len(NARROWED), len(NARROWED), len(FALLBACK))
+    assert sum(d["groups"].values()) == d["allowed"]
+    assert d["payload_filter"] == {"when": "unix_sockets = false", "profiles": ["node", "python"],
+                                   "denies": ["socket(AF_UNIX)", "socketpair(AF_UNIX, SOCK_DGRAM)",
+                                              "socketpair(AF_UNIX, SOCK_RAW)"]}
 
 
 def test_policy_without_libseccomp_fails_closed(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,14 +29,14 @@ import ctypes
 import errno
 import functools
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from . import syscalls
 from .errors import HostError
 from .policy import Policy
 from .syscalls import Call, Form
 
-__all__ = ["Programs", "Rule", "compile_filter", "for_policy", "libseccomp_version",
+__all__ = ["Programs", "Rule", "compile_filter", "describe", "for_policy", "libseccomp_version",
            "payload_rules", "programs", "sandbox_rules", "summary"]
 
 LIBRARY = "libseccomp.so.2"
@@ -88,7 +88,7 @@ def sandbox_rules() -> tuple[Rule, ...]:
 
 def payload_rules() -> tuple[Rule, ...]:
     """The payload filter's rules under ``unix_sockets = false``."""
-    return tuple(Rule(EPERM, call, when) for call, when in syscalls.UNIX_DENIALS)
+    return tuple(Rule(EPERM, d.call, d.when) for d in syscalls.UNIX_DENIALS)
 
 
 class Programs(NamedTuple):
@@ -236,13 +236,22 @@ def for_policy(policy: Policy) -> Programs | None:
         raise
 
 
-def summary() -> str:
-    """What the filters allow, in one line (for ``corral doctor``)."""
+def describe(strict_profiles: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What the filters allow, counted from the table (for ``corral doctor``).
+
+    ``strict_profiles`` are the profiles that set ``unix_sockets = false``.
+    """
     calls = [c for g in syscalls.ALLOWED for c in g.calls]
-    narrowed = sum(1 for c in calls if c.forms)
-    fallbacks = sum(len(f.calls) for f in syscalls.FALLBACKS)
-    unix = sorted({call for call, _ in syscalls.UNIX_DENIALS})
-    return (f"allow-list of {len(calls)} system calls ({narrowed} only in some forms); "
-            f"every other call EPERM ({fallbacks} ENOSYS, so that libraries fall back); "
-            f"foreign ABIs refused; unix_sockets = false adds a payload filter denying "
-            f"{' and '.join(unix)} of AF_UNIX (datagram pairs)")
+    return {"allowed": len(calls), "narrowed": sum(1 for c in calls if c.forms),
+            "enosys": sum(len(f.calls) for f in syscalls.FALLBACKS),
+            "groups": {g.purpose: len(g.calls) for g in syscalls.ALLOWED},
+            "payload_filter": {"when": "unix_sockets = false", "profiles": list(strict_profiles),
+                               "denies": [d.label for d in syscalls.UNIX_DENIALS]}}
+
+
+def summary() -> str:
+    """What the sandbox filter allows, in one line (for ``corral doctor``)."""
+    d = describe()
+    return (f"allow-list of {d['allowed']} system calls ({d['narrowed']} only in some forms), "
+            f"the rest refused ({d['enosys']} with ENOSYS, so that libraries fall back); "
+            "foreign ABIs refused")

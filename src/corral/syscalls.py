@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import NamedTuple
 
-__all__ = ["ALLOWED", "FALLBACKS", "REFUSED", "UNIX_DENIALS", "Call", "Cmp", "Group",
+__all__ = ["ALLOWED", "FALLBACKS", "REFUSED", "UNIX_DENIALS", "Call", "Cmp", "Denial", "Group",
            "allowed_names"]
 
 CMP_EQ, CMP_MASKED_EQ = 4, 7  # libseccomp's enum scmp_compare
@@ -334,10 +334,19 @@ REFUSED: dict[str, tuple[str, ...]] = {
 # The payload filter under ``unix_sockets = false`` (a deny list stacked on the payload
 # alone: the init's process keeps AF_UNIX for the egress bridge).  A datagram pair's end
 # can sendto() any visible unix datagram socket, so only stream and seqpacket pairs stay.
-UNIX_DENIALS: tuple[tuple[str, Form], ...] = (
-    ("socket", (low32(0, AF_UNIX),)),
-    *(("socketpair", (low32(0, AF_UNIX), masked(1, LOW32 & ~SOCK_FLAGS, kind)))
-      for kind in (SOCK_DGRAM, SOCK_RAW)),
+class Denial(NamedTuple):
+    """One form of a call the payload filter denies, and how doctor names it."""
+
+    label: str
+    call: str
+    when: Form
+
+
+UNIX_DENIALS: tuple[Denial, ...] = (
+    Denial("socket(AF_UNIX)", "socket", (low32(0, AF_UNIX),)),
+    *(Denial(f"socketpair(AF_UNIX, {label})", "socketpair",
+             (low32(0, AF_UNIX), masked(1, LOW32 & ~SOCK_FLAGS, kind)))
+      for label, kind in (("SOCK_DGRAM", SOCK_DGRAM), ("SOCK_RAW", SOCK_RAW))),
 )
 
 
