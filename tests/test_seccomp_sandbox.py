@@ -39,10 +39,15 @@ def test_the_payload_cannot_reach_its_init(who: Identity, layers: Path) -> None:
         assert out.pop("sched_getaffinity") == 0, out  # reading stays open
         assert set(out.values()) == {errno.EPERM}, (target, out)
     # Control: without the filter the kernel checks only the uid, and every call lands on
-    # corral's init (migrate_pages and move_pages stop at its being not dumpable).
+    # corral's init (migrate_pages and move_pages stop at its being not dumpable; signals
+    # at Landlock's scope, which the next control removes).
     ctl = json.loads(without(who, layers, ["seccomp"], "--input", str(script), "--", "python3",
                              "reach_init.py", "parent")["stdout"])
     assert {name: ctl[name] for name in UID_ONLY} == dict.fromkeys(UID_ONLY, 0), ctl
+    assert ctl["kill(0)"] == ctl["pidfd_send_signal(0)"] == errno.EPERM, ctl
+    ctl = json.loads(without(who, layers, ["landlock"], "--input", str(script), "--",
+                             "python3", "reach_init.py", "parent")["stdout"])
+    assert ctl["kill(0)"] == ctl["pidfd_send_signal(0)"] == 0, ctl
 
 
 ATTACK = """\

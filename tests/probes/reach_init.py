@@ -3,7 +3,8 @@
 argv[1] names the target: "parent" (corral's init, the payload's parent) or a
 pid.  Every attempt sets what the target already has (its own limit, nice
 value, scheduler, affinity, I/O priority, NUMA placement), so that even when
-it succeeds nothing changes.  Prints {name: errno}, 0 meaning it succeeded.
+it succeeds nothing changes; signals are signal 0, a permission check only.
+Prints {name: errno}, 0 meaning it succeeded.
 x86_64 numbers.
 """
 
@@ -11,6 +12,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import sys
 
 libc = ctypes.CDLL(None, use_errno=True)
@@ -48,8 +50,19 @@ def main():
         "move_pages": lambda: call(279, target, 0, None, None, None, 0),
     }
     out = {name: attempt() for name, attempt in attempts.items()}
+    out["kill(0)"] = signal_errno(lambda: os.kill(target, 0))  # signal 0: permission only
+    out["pidfd_send_signal(0)"] = signal_errno(lambda: signal.pidfd_send_signal(
+        os.pidfd_open(target), 0))
     out["sched_getaffinity"] = got
     print(json.dumps(out))
+
+
+def signal_errno(send):
+    try:
+        send()
+        return 0
+    except OSError as e:
+        return e.errno
 
 
 def sched_setattr(buf):
