@@ -119,8 +119,9 @@ def report() -> dict[str, Any]:
 
 def _filter_line(d: dict[str, Any]) -> str:
     payload = d["payload_filter"]
+    fallbacks = ", ".join(f"{n} {name}" for name, n in d["fallbacks"].items())
     return (f"{d['allowed']} calls allowed ({d['narrowed']} in some forms only), "
-            f"{d['enosys']} ENOSYS, the rest EPERM; {', '.join(payload['profiles']) or 'none'}"
+            f"{fallbacks}, the rest EPERM; {', '.join(payload['profiles']) or 'none'}"
             f" ({payload['when']}) add: {', '.join(payload['denies'])}")
 
 

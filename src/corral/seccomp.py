@@ -8,9 +8,10 @@ bytes:
   corral's init and everything the init starts, including the egress bridge
   that runs in the init's own process.  It is an allow-list: the calls, forms
   and reasons are the table in :mod:`corral.syscalls`; every other call fails
-  with ``EPERM`` (the table's fallbacks with ``ENOSYS``), and every call made
-  through another ABI (i386 ``int 0x80`` and x32 on x86_64, arm32 on aarch64)
-  fails with ``EPERM``, because the rules name native numbers;
+  with ``EPERM`` (the table's fallbacks with ``ENOSYS`` or ``EOPNOTSUPP``),
+  and every call made through another ABI (i386 ``int 0x80`` and x32 on
+  x86_64, arm32 on aarch64) fails with ``EPERM``, because the rules name
+  native numbers;
 * the **payload filter**, only when the policy forbids unix sockets
   (``unix_sockets = false``).  The init stacks it on the payload alone, after
   fork and just before exec, so the init's process (and the bridge in it)
@@ -51,7 +52,7 @@ OPTIMIZE_BINARY_TREE = 2
 NR_SCMP_ERROR = -1
 ARCHES = {0xC000003E: "x86_64", 0xC00000B7: "aarch64"}
 EPERM = ACT_ERRNO | errno.EPERM
-ENOSYS = ACT_ERRNO | errno.ENOSYS
+ERRNO_NAMES = {errno.ENOSYS: "ENOSYS", errno.EOPNOTSUPP: "EOPNOTSUPP"}  # errorcode says ENOTSUP
 
 
 class ArgCmp(ctypes.Structure):
@@ -80,9 +81,10 @@ def _rules(calls: tuple[Call, ...], action: int) -> tuple[Rule, ...]:
 
 
 def sandbox_rules() -> tuple[Rule, ...]:
-    """The sandbox filter's rules: every allowed form, then the ENOSYS fallbacks."""
+    """The sandbox filter's rules: every allowed form, then the fallbacks."""
     allowed = (rule for group in syscalls.ALLOWED for rule in _rules(group.calls, ACT_ALLOW))
-    fallbacks = (rule for f in syscalls.FALLBACKS for rule in _rules(f.calls, ENOSYS))
+    fallbacks = (rule for f in syscalls.FALLBACKS
+                 for rule in _rules(f.calls, ACT_ERRNO | f.error))
     return (*allowed, *fallbacks)
 
 
@@ -243,7 +245,9 @@ def describe(strict_profiles: tuple[str, ...] = ()) -> dict[str, Any]:
     """
     calls = [c for g in syscalls.ALLOWED for c in g.calls]
     return {"allowed": len(calls), "narrowed": sum(1 for c in calls if c.forms),
-            "enosys": sum(len(f.calls) for f in syscalls.FALLBACKS),
+            "fallbacks": {ERRNO_NAMES[f.error]: sum(len(g.calls) for g in syscalls.FALLBACKS
+                                                    if g.error == f.error)
+                          for f in syscalls.FALLBACKS},
             "groups": {g.purpose: len(g.calls) for g in syscalls.ALLOWED},
             "payload_filter": {"when": "unix_sockets = false", "profiles": list(strict_profiles),
                                "denies": [d.label for d in syscalls.UNIX_DENIALS]}}
@@ -253,5 +257,9 @@ def summary() -> str:
     """What the sandbox filter allows, in one line (for ``corral doctor``)."""
     d = describe()
     return (f"allow-list of {d['allowed']} system calls ({d['narrowed']} only in some forms), "
-            f"the rest refused ({d['enosys']} with ENOSYS, so that libraries fall back); "
+            f"the rest refused ({_fallbacks(d)}, so that libraries fall back); "
             "foreign ABIs refused")
+
+
+def _fallbacks(d: dict[str, Any]) -> str:
+    return ", ".join(f"{n} with {name}" for name, n in d["fallbacks"].items())
