@@ -139,8 +139,8 @@ def _init_died(code: int) -> str:
     how = f"signal {code - 128}" if code > 128 else f"signal {-code}" if code < 0 \
         else f"exit status {code}"
     return (f"corral's init died after the command started (bwrap reported {how}); how the "
-            "command ended is unknown, so corral reports a failure of its own, not the "
-            "command's status; run it again, and report it if it recurs")
+            "command ended is unknown, and the command itself may have caused it; treat the "
+            "run as failed, and run it again")
 
 
 class Launch:
