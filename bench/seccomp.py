@@ -19,6 +19,7 @@ Ratios come from the same run; absolute times depend on the machine.
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -136,9 +137,13 @@ def main() -> None:
     from results import write_section
 
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 40
+    load = os.getloadavg()[0]
     rows = ["## Seccomp (`bench/seccomp.py`)", "",
             f"Medians of {runs} interleaved launches (15 cold starts), "
-            f"{time.strftime('%Y-%m-%d %H:%M %Z')}.", "", "| what | median |", "|---|---:|",
+            f"{time.strftime('%Y-%m-%d %H:%M %Z')}, load average {load:.1f} on "
+            f"{os.cpu_count()} CPUs when it started (other work on the machine inflates the "
+            "absolute times; the ratios compare rounds run side by side).", "",
+            "| what | median |", "|---|---:|",
             *cold(min(runs, 15)), *launches(runs), *per_call(min(runs, 9))]
     print("\n".join(rows))
     write_section("seccomp.py", "\n".join(rows))

@@ -18,6 +18,17 @@ that high bits can neither dodge a rule nor make a harmless value fail.
 reason; they need no rule (the default refuses them) and are listed so that
 tests and docs can hold the table to them.  :data:`UNIX_DENIALS` is the
 payload filter's deny list under ``unix_sockets = false``.
+
+Against the default profile container runtimes ship for a container without
+capabilities (Docker's, as of 2025), this table also refuses ptrace and
+process_vm_*, the keyring, fanotify_mark, memfd_secret, cachestat,
+remap_file_pages, adjtimex and clock_adjtime, the 32-bit TLS calls,
+process_mrelease, name_to_handle_at and openat2, Linux AIO, the newer mount,
+LSM and xattr calls, allocating fallocate modes, personality beyond three
+values, most of the 'T' ioctl range, and limits and scheduling of other
+processes; it allows what that profile keeps for CAP_SYS_NICE holders:
+get_mempolicy, set_mempolicy and mbind on the caller's own memory (MySQL and
+libnuma call them), and migrate_pages and move_pages on the caller itself.
 """
 
 from __future__ import annotations
