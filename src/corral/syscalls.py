@@ -20,7 +20,7 @@ tests and docs can hold the table to them.  :data:`UNIX_DENIALS` is the
 payload filter's deny list under ``unix_sockets = false``.
 
 Against the default profile container runtimes ship for a container without
-capabilities (Docker's, as of 2025), this table also refuses ptrace and
+capabilities (Docker's, moby/profiles seccomp/default.json), this table also refuses ptrace and
 process_vm_*, the keyring, fanotify_mark, memfd_secret, cachestat,
 remap_file_pages, adjtimex and clock_adjtime, the 32-bit TLS calls,
 process_mrelease, name_to_handle_at and openat2, Linux AIO, the newer mount,
