@@ -20,15 +20,16 @@ tests and docs can hold the table to them.  :data:`UNIX_DENIALS` is the
 payload filter's deny list under ``unix_sockets = false``.
 
 Against the default profile container runtimes ship for a container without
-capabilities (Docker's, moby/profiles seccomp/default.json), this table also refuses ptrace and
-process_vm_*, the keyring, fanotify_mark, memfd_secret, cachestat,
+capabilities (Docker's, moby/profiles seccomp/default.json), this table also
+refuses ptrace and process_vm_*, fanotify_mark, memfd_secret, cachestat,
 remap_file_pages, adjtimex and clock_adjtime, the 32-bit TLS calls,
 process_mrelease, name_to_handle_at and openat2, Linux AIO, the newer mount,
-LSM and xattr calls, allocating fallocate modes, personality beyond three
-values, most of the 'T' ioctl range, and limits and scheduling of other
-processes; it allows what that profile keeps for CAP_SYS_NICE holders:
-get_mempolicy, set_mempolicy and mbind on the caller's own memory (MySQL and
-libnuma call them), and migrate_pages and move_pages on the caller itself.
+LSM and xattr calls, uretprobe (which the kernel passes through anyway),
+allocating fallocate modes, personality beyond three values, most of the 'T'
+ioctl range, and limits and scheduling of other processes. It allows two
+things that profile does not: get_mempolicy, set_mempolicy and mbind on the
+caller's own memory (kept there for CAP_SYS_NICE; MySQL and libnuma call
+them), and migrate_pages and move_pages on the caller itself.
 """
 
 from __future__ import annotations
