@@ -28,8 +28,8 @@ LSM and xattr calls, uretprobe (which the kernel passes through anyway),
 allocating fallocate modes, personality beyond three values, most of the 'T'
 ioctl range, and limits and scheduling of other processes. It allows two
 things that profile does not: get_mempolicy, set_mempolicy and mbind on the
-caller's own memory (kept there for CAP_SYS_NICE; MySQL and libnuma call
-them), and migrate_pages and move_pages on the caller itself.
+caller's own memory (kept there for CAP_SYS_NICE; libnuma is built on them),
+and migrate_pages and move_pages on the caller itself.
 """
 
 from __future__ import annotations
