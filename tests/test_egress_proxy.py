@@ -10,11 +10,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import os
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,18 +21,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SRC, need
-from corral.egress.proxy import system_resolver
+from conftest import Identity
 from corral.egress.rules import IPAddress
 from corral.egress.session import Session, open_session
 from corral.policy import Network
 from egress_util import HostBridge, Origin, exchange, open_fds
+from netns_util import run_in_netns
 
 
 def local_resolver(name: str, port: int) -> Sequence[IPAddress]:
-    """The host's resolver for ``localhost`` only; any other lookup fails the test."""
+    """``localhost`` only, as /etc/hosts has it; any other lookup fails the test."""
     assert name == "localhost", f"the proxy tried to resolve {name!r}"
-    return system_resolver(name, port)
+    return [ipaddress.ip_address("127.0.0.1")]
 
 
 @contextlib.contextmanager
@@ -292,53 +288,44 @@ def test_closing_the_session_ends_open_tunnels(tmp_path: Path) -> None:
 
 
 REBIND = r"""
-import socket, sys
-from corral.egress.session import Session, open_session
+import ipaddress, socket, threading
+from netns_prelude import start_remote
+from corral.egress.session import open_session
 from corral.policy import Network
-from egress_util import HostBridge, Origin, exchange
-PUBLIC = "11.22.33.44"  # assigned to this namespace's own loopback: nothing leaves it
+from egress_util import Handler, HostBridge, Origin, exchange
+remote, port = start_remote("11.22.33.1", "11.22.33.44")  # a public-looking peer, not ours
 answers = []
-def rebinding(name, port):  # a public answer first, then loopback, alternating
-    import ipaddress
+def rebinding(name, _):  # the remote address first, then loopback, alternating
     answers.append(name)
-    return [ipaddress.ip_address(PUBLIC if len(answers) % 2 else "127.0.0.1")]
-class At(Origin):
-    def __init__(self, address, port):
-        self.address_family = socket.AF_INET
-        super(Origin, self).__init__((address, port), __import__("egress_util").Handler)
+    return [ipaddress.ip_address("11.22.33.44" if len(answers) % 2 else "127.0.0.1")]
+class Canary(Origin):  # on loopback, at the remote origin's port
+    def __init__(self, port):
+        super(Origin, self).__init__(("127.0.0.1", port), Handler)
         self.connections, self.requests = 0, []
-        import threading
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-with At(PUBLIC, 0) as origin, At("127.0.0.1", origin.port) as canary:
+with Canary(port) as canary:
     session = open_session(Network(allow=("rebind.test",)), None, resolver=rebinding)
     with session, HostBridge(session) as bridge:
         first = exchange(bridge.port, b"CONNECT rebind.test:%d HTTP/1.1\r\n\r\nGET / HTTP/1.1"
-                         b"\r\nHost: r\r\nConnection: close\r\n\r\n" % origin.port)
-        second = exchange(bridge.port, b"CONNECT rebind.test:%d HTTP/1.1\r\n\r\n" % origin.port)
+                         b"\r\nHost: r\r\n\r\n" % port)
+        second = exchange(bridge.port, b"CONNECT rebind.test:%d HTTP/1.1\r\n\r\n" % port)
     seen = canary.connections
     exchange(canary.port, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")  # control: it is live
-    print(seen, "|", first.split(b"\r\n")[0].decode(), "|", second.split(b"\r\n")[0].decode(), "|",
-          origin.connections, canary.connections, len(answers))
+    print(seen, "|", first.split(b"\r\n")[0].decode(), "|", second.split(b"\r\n")[0].decode(),
+          "|", first.rsplit(b"\n", 2)[-2].decode(), canary.connections, len(answers))
+remote.kill()
 """
 
 
-def test_dns_rebinding_cannot_redirect_a_checked_connection(tmp_path: Path) -> None:
-    """In a network namespace this test creates, a name answers a public address, then
+def test_dns_rebinding_cannot_redirect_a_checked_connection(who: Identity) -> None:
+    """In network namespaces this test creates, a name answers a remote address, then
     loopback.  Each request is resolved once and connects to what was checked."""
-    need(shutil.which("unshare") is not None and shutil.which("ip") is not None,
-         "unshare and ip are installed on this kind of machine")
-    script = tmp_path / "rebind.py"
-    script.write_text(REBIND)
-    setup = "ip link set lo up && ip addr add 11.22.33.44/32 dev lo && exec \"$@\""
-    env = dict(os.environ, PYTHONPATH=f"{SRC}:{Path(__file__).parent}")
-    proc = subprocess.run(["unshare", "--map-root-user", "--net", "sh", "-c", setup, "sh",
-                           sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
-    need(proc.returncode == 0 or "Traceback" in proc.stderr,
-         f"cannot create a network namespace here: {proc.stderr.strip()}")
+    proc = run_in_netns(who, REBIND)
     assert proc.returncode == 0, proc.stderr
     seen, first, second, counts = (part.strip() for part in proc.stdout.split("|"))
     assert first == "HTTP/1.1 200 Connection established"
     assert second == "HTTP/1.1 403 Forbidden"  # the loopback answer is refused
     assert seen == "0"  # the loopback canary was never reached through the proxy...
-    assert counts == "1 1 2"  # ...though it is live (the control), and each request resolved once
+    # ...though it is live (the control); the remote origin was reached once; each request
+    # was resolved once.
+    assert counts == "remote 1 1 2"
