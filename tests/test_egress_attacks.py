@@ -48,7 +48,8 @@ def attempts(allow, pins=()):
         for host in ("own4.test", "[2a00:11:22::44]", "own6.test", "11.22.33.1", "remote.test"):
             answer = exchange(bridge.port, b"CONNECT %s:%d HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n"
                               b"Host: x\r\nConnection: close\r\n\r\n" % (host.encode(), port))
-            out[host] = answer.split(b"\r\n")[0].decode() + " " + answer.rsplit(b"\n", 2)[-2].decode()
+            last = answer.rsplit(b"\n", 2)[-2].decode()
+            out[host] = answer.split(b"\r\n")[0].decode() + " " + last
         plain = exchange(bridge.port, b"GET http://own4.test:%d/ HTTP/1.1\r\n\r\n" % port)
         out["plain own4.test"] = plain.split(b"\r\n")[0].decode()
         out["reasons"] = sorted({d["reason"].split(";")[0] for d in session.denials()})
@@ -261,11 +262,25 @@ class ModelServer(Origin):
 CLIENTS = r"""
 url=http://{host}:{port}/v1/chat/completions
 body='{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]}}'
-curl -sS --max-time 20 -H 'Content-Type: application/json' -d "$body" "$url" | grep -o 'local ok' || echo curl-failed
-python3 -c 'import sys, urllib.request as u; print(u.urlopen(u.Request(sys.argv[1], sys.argv[2].encode(), {{"Content-Type": "application/json"}}), timeout=20).read().decode())' "$url" "$body" 2>&1 | grep -o 'local ok' || echo urllib-failed
-node -e 'fetch(process.argv[1], {{method: "POST", headers: {{"content-type": "application/json"}}, body: process.argv[2]}}).then(r => r.json()).then(j => console.log(j.choices[0].message.content), e => console.log("node-failed", e.cause && e.cause.code))' "$url" "$body"
-curl -sS --max-time 5 --noproxy '*' http://{host}:{other}/ >/dev/null 2>&1 && echo other-reached || echo other-refused
+curl -sS --max-time 20 -H 'Content-Type: application/json' -d "$body" "$url" \
+  | grep -o 'local ok' || echo curl-failed
+python3 urllib_client.py "$url" "$body" 2>&1 | grep -o 'local ok' || echo urllib-failed
+node fetch_client.js "$url" "$body"
+curl -sS --max-time 5 --noproxy '*' http://{host}:{other}/ >/dev/null 2>&1 \
+  && echo other-reached || echo other-refused
 curl -sS --max-time 5 -o /dev/null -w '%{{http_connect}}\n' --noproxy '' -p http://{host}:{other}/
+"""
+URLLIB_CLIENT = """
+import sys, urllib.request as u
+request = u.Request(sys.argv[1], sys.argv[2].encode(), {"Content-Type": "application/json"})
+print(u.urlopen(request, timeout=20).read().decode())
+"""
+FETCH_CLIENT = """
+fetch(process.argv[2], {method: "POST", headers: {"content-type": "application/json"},
+                        body: process.argv[3]})
+  .then(r => r.json())
+  .then(j => console.log(j.choices[0].message.content),
+        e => console.log("node-failed", e.cause && e.cause.code));
 """
 
 
@@ -283,13 +298,16 @@ def test_a_local_model_server_on_an_allowed_loopback_port_is_reached(who: Identi
             flags += ["--resolve", "localhost:127.0.0.1"]
             host = "localhost"
         script = CLIENTS.format(host=host, port=model.port, other=other.port)
+        inputs = ["--input", str(_script(who, "urllib_client.py", URLLIB_CLIENT)),
+                  "--input", str(_script(who, "fetch_client.js", FETCH_CLIENT))]
+        flags = [*inputs, *flags]
         r = who.corral_json(*flags, "--timeout", "120", "--", "/bin/sh", "-c", script)
         assert r["stdout"].splitlines() == ["local ok"] * 3 + ["other-refused", "403"], r
         assert other.connections == 0  # no other loopback port is reachable, even by CONNECT
         assert model.connections == 3
         # Control: a rule without a port relays nothing, so direct clients fail again.
-        ctl = who.corral_json("--allow-domain", host, *flags[2:], "--timeout", "120", "--",
-                              "/bin/sh", "-c", script)
+        ctl = who.corral_json(*inputs, "--allow-domain", host, *flags[6:], "--timeout", "120",
+                              "--", "/bin/sh", "-c", script)
         lines = ctl["stdout"].splitlines()
         assert lines[:2] == ["curl-failed", "urllib-failed"] and lines[2].startswith(
             "node-failed"), ctl
@@ -368,3 +386,98 @@ def test_trickled_heads_cost_the_launcher_a_bounded_amount_of_cpu(who: Identity)
 def _python(who: Identity) -> list[str]:
     """The interpreter that runs corral as ``who`` (its ``prefix`` without ``-m``)."""
     return who.prefix()[-1:]
+
+
+STALLED = r"""
+import json, re, socket, subprocess, sys, threading, time
+import asyncio, corral, corral.egress.proxy  # imported before the baseline
+from corral.policy import Limits, Network, Policy
+if sys.argv[1] == "unbounded":  # the control: the kernel's own buffers, whole-buffer reads
+    import corral.egress.account
+    corral.egress.account.Account.grant_buffer = lambda self: None
+# The origin is another process, so that its threads and buffers are not in our figure.
+ORIGIN = r'''
+import socket, sys, threading, time
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(1024)
+print(ls.getsockname()[1], flush=True)
+DATA = b"x" * (1 << 20)  # what the origin sends down each tunnel
+def flood(c):
+    try:
+        c.sendall(DATA)
+        time.sleep(120)
+    except OSError:
+        pass
+count = 0
+while True:
+    c, _ = ls.accept()
+    count += 1
+    threading.Thread(target=flood, args=(c,), daemon=True).start()
+'''
+origin = subprocess.Popen([sys.executable, "-c", ORIGIN], stdout=subprocess.PIPE)
+port = int(origin.stdout.readline())
+payload = r'''
+import socket, sys, time
+socks = []
+for _ in range(300):
+    s = socket.create_connection(("127.0.0.1", 3128), 60)
+    s.sendall(b"CONNECT origin.test:%s HTTP/1.1\r\n\r\n" % sys.argv[1].encode())
+    socks.append(s)
+time.sleep(float(sys.argv[2]))  # stalled: never reads a byte
+'''
+def rss():
+    with open("/proc/self/status") as f:
+        return int(re.search(r"RssAnon:\s+(\d+)", f.read()).group(1)) * 1024
+def upstream():  # the proxy's sockets to the origin: what their receive queues hold
+    out = subprocess.run(["ss", "-tmnH", "state", "established", "dst", f"127.0.0.1:{port}"],
+                         capture_output=True, text=True, check=True).stdout
+    skmem = re.findall(r"skmem:\(r(\d+),rb\d+,t\d+,tb\d+,f\d+,w(\d+)", out)
+    held = [int(r) + int(w) for r, w in skmem]
+    return sum(held), len(held)
+result = {}
+def measure():
+    deadline = time.monotonic() + 90
+    while upstream()[1] < 300 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    last = -1
+    for _ in range(60):  # until what is held stops growing
+        time.sleep(0.5)
+        now = upstream()[0]
+        if now == last:
+            break
+        last = now
+    result["kernel"], result["sockets"] = upstream()
+    result["rss"] = rss() - before
+# --memory 64M: the sandbox's own ends of the tunnels are charged to the run (kmem.tcp on v1)
+policy = Policy(limits=Limits(memory_bytes=64 << 20),
+                network=Network(allow=("origin.test",), resolve=(("origin.test", "127.0.0.1"),)))
+corral.run(["true"], policy)  # a first run loads what every run needs: not the tunnels' cost
+before = rss()
+watcher = threading.Thread(target=measure)
+watcher.start()
+run = corral.run(["python3", "-c", payload, str(port), "30"], policy)
+watcher.join()
+origin.kill()
+print(json.dumps({**result, "status": run.status, "stderr": run.stderr.decode()[-300:]}))
+"""
+HELD_BOUND = 24 << 20  # 300 stalled tunnels: measured 8 MiB with the budget, 48 without
+
+
+def test_stalled_tunnels_hold_a_bounded_number_of_bytes(who: Identity) -> None:
+    """300 tunnels whose origin sends 1 MiB each to a client that never reads: what the
+    proxy holds (its upstream sockets' queues and its own memory) stays bounded."""
+    need(shutil.which("ss") is not None, "ss (iproute2) is installed on this kind of machine")
+    script = _script(who, "stalled.py", STALLED)
+
+    def held(mode: str) -> dict[str, int]:
+        proc = who.run([*_python(who), str(script), mode], timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        out: dict[str, int] = json.loads(proc.stdout)
+        assert out["sockets"] == 300 and out["status"] == "exited", out
+        return out
+
+    bounded = held("bounded")
+    assert bounded["kernel"] + bounded["rss"] < HELD_BOUND, bounded
+    unbounded = held("unbounded")
+    assert unbounded["kernel"] + unbounded["rss"] > HELD_BOUND, (bounded, unbounded)

@@ -250,7 +250,7 @@ def test_socks_parser_only_raises_socks_error(data: bytes) -> None:
 @pytest.mark.parametrize(("written", "normal"), [
     ("xn--strae-oqa.test", "xn--strae-oqa.test"),  # the IDNA 2008 form, written as such
     ("XN--BCHER-KVA.example", "xn--bcher-kva.example"),
-    ("σασ.gr", "xn--mxa9ab.gr"),
+    ("\u03c3\u03b1\u03c3.gr", "xn--mxa9ab.gr"),  # Greek: no deviation characters
     ("_dmarc.bücher.example", "_dmarc.xn--bcher-kva.example"),
 ])
 def test_idna_2008_names(written: str, normal: str) -> None:
