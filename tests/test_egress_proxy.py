@@ -180,31 +180,63 @@ def test_a_name_is_resolved_once_and_the_checked_address_is_used(tmp_path: Path)
         assert calls == ["localhost"], "a refused name must never reach the resolver"
 
 
+DIGITS = st.sampled_from(["\u00b2", "\u00b9", "\u0663", "\uff11", "+1", "-1", "1_0", "0x1",
+                          "8" * 14, "80", ""])
+HOP_NAMES = st.sampled_from(["content-length", "host", "transfer-encoding", "expect", "x-a",
+                             "keep-alive", "close", "te, content-length", "Host, x-a"])
 HOSTILE = st.one_of(
     st.binary(max_size=400),
     st.builds(lambda m, h, p, tail: f"{m} {h}:{p} HTTP/1.1\r\n".encode() + tail,
               st.sampled_from(["CONNECT", "GET", "POST", "connect", "CONNECT\t"]),
               st.sampled_from([*LOOPBACK_SPELLINGS, "origin.test", "evil.test", "", "[", "a" * 300,
                                "origin.test\x00.evil", "http://origin.test", "ORIGIN.TEST."]),
-              st.one_of(st.integers(-1, 70000), st.just("CANARY"), st.text(max_size=6)),
+              st.one_of(st.integers(-1, 70000), st.just("CANARY"), st.text(max_size=6), DIGITS),
               st.binary(max_size=200)),
     st.builds(lambda kind, data: b"\x05\x01\x00\x05" + data[:1] + b"\x00" + bytes((kind,)) +
               data[1:], st.integers(0, 255), st.binary(max_size=64)),
     st.builds(lambda head: head + b"\r\n\r\n", st.binary(max_size=300)),
+    # Unicode and signed numbers in the Host port and Content-Length, hop-by-hop names in
+    # Connection: each must be one answer and one log line, never a crash.
+    st.builds(lambda port, length, named, enc: (
+        f"POST http://origin.test:CANARY/ HTTP/1.1\r\nHost: origin.test:{port}\r\n"
+        f"Connection: {named}\r\nContent-Length: {length}\r\n\r\nbody").encode(enc, "replace"),
+        DIGITS, DIGITS, HOP_NAMES, st.sampled_from(["latin-1", "utf-8"])),
 )
 
 
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(data=st.lists(HOSTILE, min_size=1, max_size=4))
-def test_fuzzed_hostile_requests(fuzz_proxy: dict[str, object], data: list[bytes]) -> None:
-    port, canary = fuzz_proxy["port"], fuzz_proxy["canary"]
-    assert isinstance(port, int) and isinstance(canary, Origin)
-    for raw in data:
+@given(data=st.lists(st.tuples(HOSTILE, st.booleans()), min_size=1, max_size=4))
+def test_fuzzed_hostile_requests(fuzz_proxy: dict[str, object],
+                                 data: list[tuple[bytes, bool]]) -> None:
+    """Every request that sent a byte gets an answer and a log line, whole or a byte at a
+    time; none reaches the canary."""
+    port, canary, session = fuzz_proxy["port"], fuzz_proxy["canary"], fuzz_proxy["session"]
+    assert isinstance(port, int) and isinstance(canary, Origin) and isinstance(session, Session)
+    assert session.log is not None
+    for raw, trickle in data:
         raw = raw.replace(b"CANARY", str(canary.port).encode())
-        response = exchange(port, raw, timeout=60)
-        assert not response or response.startswith((b"HTTP/1.1 ", b"\x05", b"\x00"))
+        lines = session.log.lines
+        response = trickled(port, raw) if trickle else exchange(port, raw, timeout=60)
+        assert response.startswith((b"HTTP/1.1 ", b"\x05", b"\x00")) if raw else True
+        if raw:
+            assert session.log.lines > lines, raw  # logged before it was answered
     assert canary.connections == 0
+
+
+def trickled(port: int, data: bytes) -> bytes:
+    """Like :func:`exchange`, sending one byte per TCP segment."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with contextlib.suppress(OSError):
+            for i in range(len(data)):
+                sock.send(data[i:i + 1])
+            sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        with contextlib.suppress(OSError):
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+        return b"".join(chunks)
 
 
 @pytest.fixture(scope="module")
@@ -220,13 +252,14 @@ def fuzz_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, o
         pins = (("origin.test", "127.0.0.1"),)
         allow = (f"origin.test:{origin.port}", "localhost")
         with proxy(tmp, allow, pins=pins) as (session, port):
-            state: dict[str, object] = {"port": port, "canary": canary}
+            state: dict[str, object] = {"port": port, "canary": canary, "session": session}
             yield state
             ok = exchange(port, f"GET http://origin.test:{origin.port}/ HTTP/1.1\r\n\r\n"
                           .encode())
             assert status(ok) == 200, "the proxy must still serve after the fuzzing"
             assert session.thread is not None and session.thread.is_alive()
             assert session.log is not None and session.log.denied > 100  # the fuzz got deep
+            assert session.proxy is not None and session.proxy.failures == 0, "a crash"
         assert canary.connections == 0
     _wait_for_fds(before)
 

@@ -206,13 +206,25 @@ def test_a_profile_network_table_works_and_is_validated(who: Identity) -> None:
     ["--resolve", "origin.test"],
     ["--resolve", "origin.test:127.1", "--allow-domain", "origin.test"],
     ["--resolve", "origin.test:127.0.0.1"],  # pinned but never allowed
+    ["--allow-domain", "*.test", "--deny-domain", "stra\u00dfe.test"],  # IDNA 2003 != 2008
+    ["--allow-domain", "fa\u00df.de"],
+    ["--allow-domain", "127.0.0.1:3128"],  # the bridge's own port inside
 ])
 def test_bad_network_flags_are_one_line_and_exit_125(who: Identity, flags: list[str]) -> None:
-    r = who.corral("run", *flags, "--", "/bin/true")
+    r = who.corral("run", *flags, "--", "/bin/true", env={"LANG": "C.UTF-8"})
     assert r.returncode == 125 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("corral: error: ")
     runs = who.tmp / "runs"
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_idna_2008_names_work_for_both_identities(who: Identity) -> None:
+    """The IDNA 2008 form of a name runs (as the plain user too, from the readable copy with
+    idna beside it); its ambiguous spelling is refused (above)."""
+    r = who.corral_json("--allow-domain", "*.test", "--deny-domain", "xn--strae-oqa.test",
+                        "--allow-domain", "b\u00fccher.test", "--", "/bin/sh", "-c",
+                        "curl -sS -o /dev/null -w '%{http_code}' http://xn--strae-oqa.test/")
+    assert r["stdout"] == "403" and r["denials"][0]["code"] == "denied", r
 
 
 MANY_TUNNELS = r"""
