@@ -21,8 +21,14 @@ REMOTE = r'''
 import os, socket, subprocess, sys, time
 
 REMOTE_CODE = r"""
-import socket, sys, time
+import os, socket, sys, threading, time
 addr = sys.argv[1]
+parent = os.getppid()
+def orphaned():  # never outlive the script that started us, however it ends
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(0)
+threading.Thread(target=orphaned, daemon=True).start()
 ls = socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET)
 for _ in range(600):
     try:
