@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from conftest import Identity, need
-from egress_util import Origin
+from egress_util import Origin, write_script
 from netns_util import run_in_netns
 
 pytestmark = pytest.mark.sandbox
@@ -163,14 +162,6 @@ def test_allowed_names_are_never_resolved_through_search_domains(who: Identity) 
     assert "ghost.cdn.test.corp.test" in r["asked in all"]
 
 
-def _script(who: Identity, name: str, text: str) -> Path:
-    path = who.tmp / name
-    path.write_text(textwrap.dedent(text))
-    who.chown(path)
-    path.chmod(0o644)
-    return path
-
-
 RAW = r"""
 import json, socket, sys
 port = int(sys.argv[1])
@@ -211,7 +202,7 @@ print(json.dumps(answers))
 def test_smuggling_and_bad_numbers_get_one_logged_answer_and_no_traceback(who: Identity
                                                                         ) -> None:
     """A real origin on loopback that parses a second request if the proxy lets one by."""
-    script = _script(who, "raw.py", RAW)
+    script = write_script(who, "raw.py", RAW)
     with Origin() as origin:
         r = who.corral_json("--input", str(script), "--allow-domain", "origin.test",
                             "--resolve", "origin.test:127.0.0.1", "--", "python3", "raw.py",
@@ -301,8 +292,8 @@ def test_a_local_model_server_on_an_allowed_loopback_port_is_reached(who: Identi
             flags += ["--resolve", "localhost:127.0.0.1"]
             host = "localhost"
         script = CLIENTS.format(host=host, port=model.port, other=other.port)
-        inputs = ["--input", str(_script(who, "urllib_client.py", URLLIB_CLIENT)),
-                  "--input", str(_script(who, "fetch_client.js", FETCH_CLIENT))]
+        inputs = ["--input", str(write_script(who, "urllib_client.py", URLLIB_CLIENT)),
+                  "--input", str(write_script(who, "fetch_client.js", FETCH_CLIENT))]
         flags = [*inputs, *flags]
         r = who.corral_json(*flags, "--timeout", "120", "--", "/bin/sh", "-c", script)
         assert r["stdout"].splitlines() == ["local ok"] * 3 + ["other-refused", "403"], r
@@ -322,8 +313,8 @@ import json, resource, sys, time
 import corral
 from corral.policy import Limits, Network, Policy
 if sys.argv[1] == "unbounded":  # the control: no pacing of head reads, no CPU share
-    import corral.egress.account, corral.egress.proxy
-    corral.egress.proxy.HEAD_PACE_S = (0.0, 0.0)
+    import corral.egress.account, corral.egress.handshake
+    corral.egress.handshake.HEAD_PACE_S = (0.0, 0.0)
     corral.egress.account.Account.charge_cpu = lambda self, used, wall: 0.0
 payload = r'''
 import socket, time
@@ -369,7 +360,7 @@ def cpu_bound(run: dict[str, object]) -> float:
 def test_trickled_heads_cost_the_launcher_a_bounded_amount_of_cpu(who: Identity) -> None:
     """Under --cpus 0.1, 500 half-sent heads fed one byte at a time: the launcher's own CPU
     time (the proxy runs in it) stays bounded; without pacing and the CPU share it does not."""
-    script = _script(who, "trickle.py", TRICKLE)
+    script = write_script(who, "trickle.py", TRICKLE)
 
     def launcher_cpu(mode: str) -> dict[str, object]:
         proc = who.run([*_python(who), str(script), mode], timeout=300)
@@ -471,7 +462,7 @@ def test_stalled_tunnels_hold_a_bounded_number_of_bytes(who: Identity) -> None:
     """300 tunnels whose origin sends 1 MiB each to a client that never reads: what the
     proxy holds (its upstream sockets' queues and its own memory) stays bounded."""
     need(shutil.which("ss") is not None, "ss (iproute2) is installed on this kind of machine")
-    script = _script(who, "stalled.py", STALLED)
+    script = write_script(who, "stalled.py", STALLED)
 
     def held(mode: str) -> dict[str, int]:
         proc = who.run([*_python(who), str(script), mode], timeout=300)

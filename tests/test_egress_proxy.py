@@ -217,26 +217,11 @@ def test_fuzzed_hostile_requests(fuzz_proxy: dict[str, object],
     for raw, trickle in data:
         raw = raw.replace(b"CANARY", str(canary.port).encode())
         lines = session.log.lines
-        response = trickled(port, raw) if trickle else exchange(port, raw, timeout=60)
+        response = exchange(port, raw, timeout=60, trickle=trickle)
         assert response.startswith((b"HTTP/1.1 ", b"\x05", b"\x00")) if raw else True
         if raw:
             assert session.log.lines > lines, raw  # logged before it was answered
     assert canary.connections == 0
-
-
-def trickled(port: int, data: bytes) -> bytes:
-    """Like :func:`exchange`, sending one byte per TCP segment."""
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with contextlib.suppress(OSError):
-            for i in range(len(data)):
-                sock.send(data[i:i + 1])
-            sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        with contextlib.suppress(OSError):
-            while chunk := sock.recv(65536):
-                chunks.append(chunk)
-        return b"".join(chunks)
 
 
 @pytest.fixture(scope="module")
@@ -362,3 +347,26 @@ def test_dns_rebinding_cannot_redirect_a_checked_connection(who: Identity) -> No
     # ...though it is live (the control); the remote origin was reached once; each request
     # was resolved once.
     assert counts == "remote 1 1 2"
+
+
+def test_a_failure_inside_the_proxy_is_a_logged_400_and_prints_nothing(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever goes wrong while handling a request, the client gets an answer and the log
+    a line, and nothing reaches stderr (which is the user's terminal)."""
+    from corral.egress import http as http_module
+
+    def broken(head: bytes) -> object:
+        raise RuntimeError("a bug")
+
+    with Origin() as origin, proxy(tmp_path, ("origin.test",),
+                                   pins=(("origin.test", "127.0.0.1"),)) as (session, port):
+        request = f"GET http://origin.test:{origin.port}/ HTTP/1.1\r\n\r\n".encode()
+        assert status(exchange(port, request)) == 200  # control: the same request works
+        monkeypatch.setattr(http_module, "parse_request", broken)
+        response = exchange(port, request)
+        assert status(response) == 400 and b"corral's proxy failed" in response
+        assert session.proxy is not None and session.proxy.failures == 1
+    assert [x["code"] for x in log_lines(tmp_path)] == ["allowed", "bad-request"]
+    assert origin.connections == 1
+    assert capfd.readouterr().err == ""

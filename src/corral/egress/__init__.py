@@ -7,6 +7,7 @@
     account  one run's CPU share and byte budget in the proxy (pure)
     local    whether an address is this host's own (netlink route lookup)
     opener   decide, resolve, admit, connect
+    handshake  reading one client's request (paced, timed), answering in its protocol
     proxy    the host-side asyncio proxy of one run
     relay    moving a tunnel's bytes
     log      the run's decision log (``egress.jsonl``)

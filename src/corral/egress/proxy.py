@@ -16,7 +16,7 @@ Every decision goes to the run's :class:`DecisionLog`, and every client that
 sent a byte gets an answer: a request that cannot be read in time, ends
 early, or makes the proxy fail in any way is answered (400, 408 or a SOCKS
 failure) and logged, never dropped, and nothing is printed.  A client that
-sends its head slowly is read less and less often (``HEAD_PACE_S``), so
+sends its head slowly is read less and less often (:mod:`.handshake`), so
 trickled bytes cost a bounded number of wake-ups, and the run's
 :class:`~corral.egress.account.Account` pauses this run's proxy when its CPU
 share is spent.  Every socket is owned by exactly one of the connection,
@@ -32,12 +32,12 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-from . import http, socks
+from . import http
 from .account import Account
+from .handshake import Conn, Target, read_request
 from .log import DecisionLog
 from .opener import Opened, Opener, Refused, Resolver, bad_request, system_resolver
 from .relay import Tunnel
@@ -45,12 +45,8 @@ from .rules import Code, Decision, Relay, Rules, parse_host
 
 __all__ = ["Proxy", "Resolver", "Run", "system_resolver"]
 
-HEAD_TIMEOUT_S = 10.0  # from connection to a complete request (slowloris)
-HEAD_PACE_S = (0.001, 0.25)  # waits between reads of an unfinished head: doubling, up to
 CPU_TICK_S = 0.1  # how often the proxy charges its CPU time to the run
-READ_CHUNK = 64 * 1024
 FD_MESSAGE = 16  # descriptors accepted per control message; the bridge sends one
-_SOCKS4_REFUSED = bytes((0, 0x5B, 0, 0, 0, 0, 0, 0))
 
 
 @dataclass(slots=True)
@@ -60,29 +56,6 @@ class Run:
     rules: Rules
     log: DecisionLog
     account: Account
-
-
-class Target(NamedTuple):
-    """A request read from a client: where to, and what to send once connected."""
-
-    host: str
-    port: int
-    answer: bytes  # to the client
-    request: http.Request | None  # plain HTTP: its head goes to the origin first
-    early: bytes  # client bytes read past the request
-
-
-class Conn:
-    """One client connection during its handshake."""
-
-    __slots__ = ("greeted", "pace", "protocol", "received", "sock")
-
-    def __init__(self, sock: socket.socket, protocol: str = "http") -> None:
-        self.sock = sock
-        self.protocol = protocol
-        self.received = False  # a connection that never sent a byte is not logged
-        self.greeted = False  # SOCKS: the method reply went out
-        self.pace = HEAD_PACE_S[0]
 
 
 class Proxy:
@@ -169,7 +142,7 @@ class Proxy:
         relay = self._relay_of(sock)
         self.open[sock] = None
         self.open[sock] = self.loop.create_task(
-            self._client(Conn(sock)) if relay is None else self._relayed(sock, relay))
+            self._client(Conn(self.loop, sock)) if relay is None else self._relayed(sock, relay))
 
     def _relay_of(self, sock: socket.socket) -> Relay | None:
         """The relay whose listening address accepted ``sock`` (the kernel says which)."""
@@ -188,24 +161,32 @@ class Proxy:
         try:
             tunnel = await self._handle(conn)
         except Refused as e:
-            if conn.received:
-                self._record(conn.protocol, e.decision)
-            await self._answer(conn, e)
-        except (OSError, asyncio.IncompleteReadError):
-            pass  # the client is gone: there is no one left to answer
+            self._log(conn, e.decision)
+            await conn.answer(e)
+        except OSError as e:  # the client is gone: no one is left to answer
+            self._log(conn, bad_request("the client's connection failed before its request "
+                                        f"was answered ({e.strerror or type(e).__name__})")
+                      .decision)
         except Exception as e:  # a bug in corral: still one answer and one log line
             self.failures += 1
             refused = bad_request(f"corral's proxy failed on this request ({type(e).__name__})")
-            self._record(conn.protocol, refused.decision)
-            await self._answer(conn, refused)
+            self._log(conn, refused.decision)
+            await conn.answer(refused)
         finally:
             self._settle(conn.sock, tunnel)
+
+    def _log(self, conn: Conn, decision: Decision) -> None:
+        """A connection's one log line (none for one that never sent a byte)."""
+        if conn.received and not conn.logged:
+            conn.logged = True
+            self._record(conn.protocol, decision)
 
     async def _relayed(self, sock: socket.socket, relay: Relay) -> None:
         """A connection to a relayed loopback port: a tunnel to the port's rule, no head."""
         tunnel = None
+        assert self.opener is not None
         try:
-            opened = await self._opened(relay.target, relay.port)
+            opened = await self.opener.open(relay.target, relay.port)
             self._record("relay", opened.decision)
             tunnel = await self._join(sock, opened, Target(relay.target, relay.port, b"", None,
                                                            b""))
@@ -228,95 +209,17 @@ class Proxy:
             self.open[sock] = tunnel
 
     async def _handle(self, conn: Conn) -> Tunnel | None:
-        async with self._head_time(conn):
-            first = await self._recv(conn.sock)
-            if not first:
-                return None  # closed without a byte: nothing to decide or answer
-            conn.received = True
-            if first[0] == socks.VERSION:
-                conn.protocol = "socks5"
-                target = await self._socks(conn, first)
-            elif first[0] == 4:
-                conn.protocol = "socks4"
-                raise bad_request("SOCKS4 is not supported; use SOCKS5")
-            else:
-                target = await self._http(conn, first)
-        opened = await self._opened(target.host, target.port)
-        self._record(conn.protocol, opened.decision)
-        return await self._join(conn.sock, opened, target)
-
-    @contextlib.asynccontextmanager
-    async def _head_time(self, conn: Conn) -> AsyncIterator[None]:
-        try:
-            async with asyncio.timeout(HEAD_TIMEOUT_S):
-                yield
-        except TimeoutError:
-            raise bad_request(f"the client sent no complete request in {HEAD_TIMEOUT_S:g} s",
-                              408) from None
-
-    async def _opened(self, host: str, port: int) -> Opened:
+        target = await read_request(conn)
+        if target is None:
+            return None  # closed without a byte: nothing to decide or answer
         assert self.opener is not None
-        return await self.opener.open(host, port)
-
-    async def _recv(self, sock: socket.socket) -> bytes:
-        assert self.loop is not None
-        return await self.loop.sock_recv(sock, READ_CHUNK)
-
-    async def _more(self, conn: Conn) -> bytes:
-        """More of an unfinished request, read after a wait that doubles each time."""
-        await asyncio.sleep(conn.pace)
-        conn.pace = min(conn.pace * 2, HEAD_PACE_S[1])
-        more = await self._recv(conn.sock)
-        if not more:
-            raise bad_request("the client closed the connection before its request was "
-                              "complete")
-        return more
+        opened = await self.opener.open(target.host, target.port)
+        self._log(conn, opened.decision)
+        return await self._join(conn.sock, opened, target)
 
     async def _send(self, sock: socket.socket, data: bytes) -> None:
         assert self.loop is not None
         await self.loop.sock_sendall(sock, data)
-
-    async def _answer(self, conn: Conn, refused: Refused) -> None:
-        """Tell the client why, in its own protocol; a client that is gone is not an error."""
-        d = refused.decision
-        if conn.protocol == "socks5":
-            answer = socks.reply(refused.socks_reply or socks.REPLY_FOR.get(
-                d.code, socks.GENERAL_FAILURE)) if conn.greeted else socks.greeting_reply(False)
-        elif conn.protocol == "socks4":
-            answer = _SOCKS4_REFUSED
-        else:
-            answer = http.deny_response(refused.status, d.code, d.reason)
-        with contextlib.suppress(OSError):
-            async with asyncio.timeout(HEAD_TIMEOUT_S):
-                await self._send(conn.sock, answer)
-
-    async def _http(self, conn: Conn, data: bytes) -> Target:
-        reader = http.HeadReader()
-        while (done := _step(reader.feed, data)) is None:
-            data = await self._more(conn)
-        head, early = done
-        if head.startswith(b"CONNECT "):
-            conn.protocol = "http-connect"
-        req = _step(http.parse_request, head)
-        if req.tunnel:
-            return Target(req.host, req.port, b"HTTP/1.1 200 Connection established\r\n\r\n",
-                          None, early)
-        return Target(req.host, req.port, b"", req, early)
-
-    async def _socks(self, conn: Conn, first: bytes) -> Target:
-        data = first
-        while (greeting := _socks_step(socks.parse_greeting, data)) is None:
-            data += await self._more(conn)
-        used, accepted = greeting
-        if not accepted:
-            raise bad_request("the client offers no SOCKS method corral accepts (no auth)")
-        await self._send(conn.sock, socks.greeting_reply(True))
-        conn.greeted = True
-        data = data[used:]
-        while (request := _socks_step(socks.parse_request, data)) is None:
-            data += await self._more(conn)
-        used, host, port = request
-        return Target(host, port, socks.reply(socks.SUCCEEDED), None, data[used:])
 
     async def _join(self, sock: socket.socket, opened: Opened, target: Target) -> Tunnel:
         """Answer the client, then hand both sockets to a tunnel that owns them."""
@@ -377,21 +280,6 @@ class Proxy:
         self.open.clear()
         if self.opener is not None:
             self.opener.close()
-
-
-def _step(parse: Any, data: Any) -> Any:
-    """One HTTP parsing step; a malformed request becomes a refusal with its status."""
-    try:
-        return parse(data)
-    except http.BadRequest as e:
-        raise Refused(Decision(False, e.code, e.reason), e.status) from None
-
-
-def _socks_step(parse: Any, data: bytes) -> Any:
-    try:
-        return parse(data)
-    except socks.SocksError as e:
-        raise bad_request(e.reason, socks_reply=e.reply_code) from None
 
 
 def _descriptors(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
