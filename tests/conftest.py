@@ -73,9 +73,14 @@ def shared_tmp() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def readable_src(shared_tmp: Path) -> Path:
-    """A copy of corral's source that the unprivileged user can read."""
+    """A copy of corral's source that the unprivileged user can read, with the one library
+    corral needs (``idna``) beside it."""
+    import idna
+
     dest = shared_tmp / "src"
     shutil.copytree(SRC / "corral", dest / "corral",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(idna.__file__).parent, dest / "idna",
                     ignore=shutil.ignore_patterns("__pycache__"))
     for p in [dest, *dest.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
@@ -250,6 +255,8 @@ def root(shared_tmp: Path, readable_src: Path, bwrap: str) -> Iterator[Identity]
         shutil.rmtree(ident.tmp)
 
 
-# The agent-mode lab (a fake home and project) is a fixture for several test files; it is
-# defined beside its helpers and registered here, after everything it imports from us.
+# The agent-mode lab (a fake home and project) and the layers script are fixtures for
+# several test files; each is defined beside its helpers and registered here, after
+# everything it imports from us.
 from agent_lab import lab  # noqa: E402,F401
+from layer_tools import layers  # noqa: E402,F401

@@ -30,8 +30,8 @@ __all__ = ["Result", "plan", "plan_agent", "run", "run_agent"]
 class Result:
     """How a run ended and what it left behind.  Output and file names are untrusted."""
 
-    exit_code: int  # the command's own; 128+N for signal N; 124 timeout
-    status: str  # exited, signaled, timeout, oom, output-limit, disk-limit
+    exit_code: int  # the command's own; 128+N for signal N; 124 timeout; 125 error
+    status: str  # exited, signaled, timeout, oom, output-limit, disk-limit, error
     signal: int | None
     wall_s: float
     cpu_s: float | None
@@ -48,6 +48,7 @@ class Result:
     notes: tuple[str, ...] = ()  # what corral undid or noticed after the run, in words
     audit: tuple[dict[str, str], ...] = ()  # the same, as data (see corral.audit.Action)
     unenforced_limits: tuple[str, ...] = ()  # requested, not enforceable here, allowed by name
+    error: str | None = None  # status "error": corral lost sight of the run (one line)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +68,7 @@ class Result:
             "run_id": self.run_id, "changes": [c.to_json() for c in self.changes],
             "changes_truncated": self.changes_truncated, "denials": list(self.denials),
             "notes": list(self.notes), "audit": list(self.audit),
-            "unenforced_limits": list(self.unenforced_limits),
+            "unenforced_limits": list(self.unenforced_limits), "error": self.error,
         }
 
 
@@ -116,7 +117,11 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
         ws = os.path.join(runs_dir or workspace.default_runs_dir(), "RUN-ID", "work")
         uid, gid = resolve.sandbox_identity(policy, facts, None)
     sb = resolve.resolve_run(policy, list(cmd), facts, ws, uid, gid, env)
-    return egress.attach(sb, egress.Bridge(None)) if wants_network else sb
+    return egress.attach(sb, _planned_bridge(policy)) if wants_network else sb
+
+
+def _planned_bridge(policy: Policy) -> egress.Bridge:
+    return egress.plan_bridge(egress.compile_rules(policy.network))
 
 
 def _check_network(policy: Policy) -> bool:
@@ -222,7 +227,7 @@ def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
     wants_network = _check_network(policy)
     sb, layout = agent.resolve_agent(policy, list(cmd), host.detect(), project, env,
                                      dry_run=True)
-    return (egress.attach(sb, egress.Bridge(None)) if wants_network else sb), layout
+    return (egress.attach(sb, _planned_bridge(policy)) if wants_network else sb), layout
 
 
 def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool = False,
@@ -286,7 +291,7 @@ def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan
         wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
         peak_memory_bytes=None if used is None else used.peak_memory_bytes,
         stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
-        denials=denials, unenforced_limits=cg_plan.unenforced, **where)
+        denials=denials, unenforced_limits=cg_plan.unenforced, error=outcome.error, **where)
 
 
 def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, run_id: str,
@@ -297,8 +302,8 @@ def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, 
     ``measured`` is the directory whose growth counts against the disk limit.
     Returns the limited outcome, the egress denials and the egress log's path.
     """
-    net = egress.open_session(policy.network, record_dir) if policy.network.allow \
-        else egress.NoEgress()
+    net = egress.open_session(policy.network, record_dir, cpu_share=policy.limits.cpus) \
+        if policy.network.allow else egress.NoEgress()
     with net:
         limited = enforce.launch_limited(
             net.attach(sb), policy, facts, cg_plan, run_id, measured, capture=capture,
