@@ -393,10 +393,12 @@ def test_the_audit_runs_on_every_exit_path(who: Identity, lab: Lab, how: str) ->
 
 
 def test_set_id_bits_left_by_agent_mode_are_cleared(who: Identity, lab: Lab) -> None:
-    script = "cp /bin/true setid && chmod 4755 setid 2>/dev/null; chmod 2755 setid 2>/dev/null;" \
-             " stat -c %a setid"
-    r = agent(who, lab, script)
-    assert r.returncode == 0, r.stderr
+    """seccomp refuses set-id modes; the audit is the second layer, shown here with the
+    filter relaxed so that the bits really are set inside."""
+    script = "cp /bin/true setid && chmod 6755 setid && stat -c %a setid"
+    relax = ["--allow", "no-seccomp"] + (["--allow", "nested-userns"] if who.is_root else [])
+    r = agent(who, lab, script, *relax)
+    assert r.returncode == 0 and r.stdout.split()[-1] == "6755", r.stderr
     mode = (lab.project / "setid").stat().st_mode
     assert not mode & (stat.S_ISUID | stat.S_ISGID), oct(mode)
     (lab.project / "setid").unlink()
