@@ -70,6 +70,7 @@ def lab(who: Identity) -> Iterator[Lab]:
     result = Lab(home, project, token, tuple(home / r for r in files if "rc" not in r), uid, gid)
     result.own(*made)
     made.append(home / ".claude")  # created by corral for the claude profile
+    made += [home / ".gitconfig", home / ".cargo", home / ".tools"]  # some tests plant these
     os.chmod(home, 0o755)
     yield result
     for p in made:

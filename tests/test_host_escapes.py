@@ -502,14 +502,16 @@ def test_a_template_folder_named_by_the_global_config_is_read_only(who: Identity
                                                                     lab: Lab) -> None:
     rel = os.path.relpath(lab.project, lab.home)
     (lab.home / ".gitconfig").write_text(f"[init]\n\ttemplateDir = ~/{rel}/tmpl\n")
-    (lab.project / "tmpl" / "hooks").mkdir(parents=True)
-    _own(lab, lab.project, lab.home / ".gitconfig")
-    script = "(echo evil > tmpl/hooks/post-checkout) 2>/dev/null && echo WROTE; true"
-    r = agent(who, lab, script)
-    assert r.returncode == 0 and "WROTE" not in r.stdout, r
-    ctl = naive(who, lab, script)
-    assert "WROTE" in ctl.stdout  # git init on the host would copy it into new repos
-    (lab.home / ".gitconfig").unlink()
+    try:  # the home may be the test user's real one: never leave this behind
+        (lab.project / "tmpl" / "hooks").mkdir(parents=True)
+        _own(lab, lab.project, lab.home / ".gitconfig")
+        script = "(echo evil > tmpl/hooks/post-checkout) 2>/dev/null && echo WROTE; true"
+        r = agent(who, lab, script)
+        assert r.returncode == 0 and "WROTE" not in r.stdout, r
+        ctl = naive(who, lab, script)
+        assert "WROTE" in ctl.stdout  # git init on the host would copy it into new repos
+    finally:
+        (lab.home / ".gitconfig").unlink()
 
 
 def test_a_bare_repository_is_a_git_directory(who: Identity, lab: Lab) -> None:
@@ -534,6 +536,7 @@ def test_a_bare_repository_is_a_git_directory(who: Identity, lab: Lab) -> None:
 
 def test_the_program_prefix_shows_only_the_program(who: Identity, lab: Lab) -> None:
     cargo = lab.home / ".cargo"
+    subprocess.run(["rm", "-rf", str(cargo)], check=True)
     (cargo / "bin").mkdir(parents=True)
     (cargo / "credentials.toml").write_text(f'[registry]\ntoken = "{lab.token}"\n')
     (cargo / "bin" / "fakecargo").write_text(
