@@ -58,6 +58,13 @@ def argv(who: Identity, *args: str) -> list[str]:
     return [*who.prefix(), "-m", "corral", "mcp", *args]
 
 
+def corral_mcp(who: Identity, sdk: Path | None, *args: str) -> subprocess.CompletedProcess[str]:
+    """``corral mcp ARGS`` as ``who``, to its end (for options that stop it at once)."""
+    return subprocess.run(argv(who, *args), cwd=who.tmp, env=environ(who, sdk),
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
 @contextlib.asynccontextmanager
 async def stdio_client(who: Identity, sdk: Path | None, *args: str,
                        env: dict[str, str] | None = None) -> AsyncIterator[Any]:

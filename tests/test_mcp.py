@@ -8,8 +8,8 @@ launcher following the link itself) succeeds, so no test passes vacuously.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from egress_util import Origin
 from mcp_util import (
     call,
     connect,
+    corral_mcp,
     eventually,
     http_server,
     refused,
@@ -245,7 +246,8 @@ def _planted(who: Identity) -> tuple[Path, Path]:
 @TRANSPORTS
 def test_path_escapes_are_refused(who: Identity, sdk: Path | None, transport: str) -> None:
     secret, host_dir = _planted(who)
-    plant = f"ln -s {secret} link; ln -s {host_dir} dir; mkdir real; ln -s ../.. real/up"
+    plant = (f"ln -s {secret} link; ln -s {host_dir} dir; mkdir real; ln -s ../.. real/up; "
+             "mkfifo pipe")
     attempts: list[tuple[str, dict[str, Any], str]] = [
         ("read_file", {"path": "link"}, "symbolic link"),
         ("read_file", {"path": "dir/secret"}, "symbolic link"),
@@ -257,6 +259,8 @@ def test_path_escapes_are_refused(who: Identity, sdk: Path | None, transport: st
         ("write_file", {"path": "a/../../x", "content": "PWNED"}, "not a plain relative"),
         ("list_files", {"path": "dir"}, "symbolic link"),
         ("list_files", {"path": ".."}, "not a plain relative path"),
+        ("read_file", {"path": "pipe"}, "it is a fifo"),
+        ("write_file", {"path": "pipe", "content": "x"}, "it is a fifo"),
         ("run_code", {"language": "python", "code": "", "files": {"dir/f": "PWNED"}},
          "symbolic link"),
     ]
@@ -317,3 +321,192 @@ def test_bad_arguments_get_a_tool_error_and_the_server_lives_on(who: Identity,
             assert short["status"] == "timeout" and short["timeout_s"] == 1
 
     run(main)
+
+
+def _post(url: str, token: str | None = None, host: str | None = None) -> int:
+    """A bare MCP initialize over HTTP: the status the server answers with."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "test", "version": "0"}}}).encode()
+    headers = {"Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    if host is not None:
+        headers["Host"] = host
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, body, headers),
+                                    timeout=60) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_http_takes_a_token_and_needs_one_off_loopback(who: Identity, sdk: Path | None) -> None:
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    token = uuid.uuid4().hex
+    token_file = who.tmp / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    who.chown(token_file)
+
+    async def with_token(url: str) -> None:
+        http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+        async with http, Client(streamable_http_client(url, http_client=http)) as client:
+            assert (await call(client, "run_command", {"argv": ["true"]}))["ok"]
+
+    with http_server(who, sdk, "--token-file", str(token_file)) as server:
+        assert _post(server.url) == 401 and _post(server.url, "wrong" * 8) == 401
+        assert _post(server.url, token) == 200
+        run(lambda: with_token(server.url))
+    # Negative control: without a token the same bare request is served.
+    with http_server(who, sdk) as server:
+        assert _post(server.url) == 200
+        # A page elsewhere that got its name resolved to 127.0.0.1 (DNS rebinding) is refused.
+        assert _post(server.url, host="rebound.example:80") == 421
+    off = corral_mcp(who, sdk, "--transport", "http", "--host", "0.0.0.0", "--port", "0")
+    assert off.returncode == 125 and "needs a token" in off.stderr
+    assert off.stderr.count("\n") == 1
+    token_file.chmod(0o644)
+    shared = corral_mcp(who, sdk, "--transport", "http", "--token-file", str(token_file))
+    assert shared.returncode == 125 and "chmod 600" in shared.stderr
+
+
+def test_http_refuses_calls_without_a_session(who: Identity, sdk: Path | None) -> None:
+    """The 2026-07-28 protocol has no sessions, so no workspace to keep: refused, with the
+    fix.  (The default client, used everywhere else here, falls back to the handshake.)"""
+    async def main(server: Any) -> None:
+        async with server.client(mode="2026-07-28") as client:
+            assert len((await client.list_tools()).tools) == 5
+            reason = await refused(client, "run_command", {"argv": ["true"]})
+            assert "without an MCP session" in reason and "2025-11-25" in reason
+        async with server.client() as client:  # negative control: with a session, it runs
+            assert (await call(client, "run_command", {"argv": ["true"]}))["ok"]
+
+    with http_server(who, sdk) as server:
+        run(lambda: main(server))
+
+
+def test_a_stopped_stdio_server_removes_its_workspace(who: Identity, sdk: Path | None) -> None:
+    runs = who.tmp / "runs"
+    stopped: list[bool] = []
+
+    async def main() -> None:
+        async with stdio_client(who, sdk, "--runs-dir", str(runs)) as client:
+            await call(client, "write_file", {"path": "f", "content": "x"})
+            assert len(workspaces(who)) == 1
+            (pid,) = processes_with(f"--runs-dir\0{runs}")
+            os.kill(pid, 15)
+            stopped.append(eventually(lambda: servers(who) == []))
+
+    with contextlib.suppress(Exception):  # the client sees its server go away mid-session
+        run(main)
+    assert stopped == [True]
+    assert eventually(lambda: processes_with(f"--runs-dir\0{runs}") == [])
+
+
+def test_a_killed_servers_directory_goes_at_the_next_start(who: Identity,
+                                                            sdk: Path | None) -> None:
+    import fcntl
+
+    runs = who.tmp / "runs"
+    for name in ("mcp-dead", "mcp-live", "mcp-starting", "not-mcp"):
+        (runs / name / "s" / "work").mkdir(parents=True)
+        (runs / name / "s" / "work" / "file").write_text("left behind")
+    for name in ("mcp-dead", "mcp-live", "not-mcp"):
+        (runs / name / ".lock").touch()
+    for p in [runs, *runs.rglob("*")]:
+        os.lchown(p, who.uid, who.gid)
+    with open(runs / "mcp-live" / ".lock") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # a live server holds its lock
+
+        async def main() -> None:
+            async with stdio_client(who, sdk) as client:
+                await call(client, "list_files", {})
+
+        run(main)
+    left = sorted(p.name for p in runs.iterdir())
+    # The dead one went; the live one (the negative control), one without a lock yet and
+    # what is not a server's stayed.
+    assert left == ["mcp-live", "mcp-starting", "not-mcp"]
+
+
+def test_the_disk_limit_holds_for_the_whole_session(who: Identity, sdk: Path | None) -> None:
+    chunk = {"base64": __import__("base64").b64encode(b"\0" * (700 << 10)).decode()}
+
+    async def tight() -> None:
+        async with stdio_client(who, sdk, "--disk", "1M") as client:
+            await call(client, "write_file", {"path": "a", "content": chunk})
+            reason = await refused(client, "write_file", {"path": "b", "content": chunk})
+            assert "disk limit" in reason
+            grown = await call(client, "run_command", {
+                "command": "head -c 700000 /dev/zero > c"})
+            assert not grown["ok"], grown
+            ws = workspaces(who)[0]
+            used = sum(p.stat().st_blocks * 512 for p in ws.rglob("*"))
+            assert used <= (1 << 20) + (64 << 10), used
+
+    async def roomy() -> None:  # negative control: the same writes where they fit
+        async with stdio_client(who, sdk, "--disk", "8M") as client:
+            for name in ("a", "b"):
+                await call(client, "write_file", {"path": name, "content": chunk})
+            assert (await call(client, "run_command", {
+                "command": "head -c 700000 /dev/zero > c"}))["ok"]
+
+    run(tight)
+    run(roomy)
+
+
+@pytest.mark.parametrize("args,why", [
+    (["--profile", "claude"], "does not serve the 'claude' profile"),
+    (["--max-sessions", "0"], "positive"),
+    (["--idle-timeout", "soon"], "not a duration"),
+    (["--transport", "carrier-pigeon"], "invalid choice"),
+    (["--timeout", "-1"], "timeout"),
+])
+def test_bad_server_options_are_one_line_and_exit_125(who: Identity, sdk: Path | None,
+                                                      args: list[str], why: str) -> None:
+    proc = corral_mcp(who, sdk, *args)
+    assert proc.returncode == 125 and why in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("corral: error: ") and proc.stderr.count("\n") == 1
+    assert servers(who) == []
+
+
+def test_a_workspace_corral_made_may_hold_what_its_payload_wrote(who: Identity,
+                                                                 sdk: Path | None) -> None:
+    """A folder named like credentials (.ssh) in a workspace corral made came from its own
+    payload: the session goes on, as a compile-then-run request does.  The check still
+    refuses such a directory when the user names it with --workspace (the control)."""
+    async def main() -> None:
+        async with stdio_client(who, sdk) as client:
+            await call(client, "run_command", {"command": "mkdir .ssh && echo k > .ssh/config"})
+            again = await call(client, "run_command", {"argv": ["cat", ".ssh/config"]})
+            assert again["stdout"] == "k\n"
+            compiled = await call(client, "run_code", {"language": "c",
+                                                       "code": "int main(void){return 0;}"})
+            assert compiled["ok"], compiled
+
+    run(main)
+    mine = who.tmp / "project"
+    (mine / ".ssh").mkdir(parents=True)
+    who.chown(mine)
+    named = who.corral("run", "--workspace", str(mine), "--", "/bin/true")
+    assert named.returncode == 125 and "holds credentials (.ssh)" in named.stderr
+
+
+def test_a_compile_steps_workspace_may_hold_credential_named_files(bwrap: str,
+                                                                   tmp_path: Path) -> None:
+    """The same rule for a c request: its run reuses the compile step's workspace."""
+    import corral
+
+    req = corral.RunRequest.from_json({"code": "int main(void){return 0;}", "language": "c",
+                                       "files": {".ssh/config": "k"}})
+    res = corral.run(req, runs_dir=str(tmp_path / "runs"))
+    assert res.status == "exited" and res.ok, res.error

@@ -88,15 +88,16 @@ def prepare(policy: Policy, *, workspace_dir: str | None, inputs: Sequence[str],
             runs_dir: str | None, facts: host.HostFacts) -> tuple[RunDir, tuple[int, int]]:
     """Validate everything, then create the run directory: nothing exists if this raises."""
     checked = workspace.check_inputs(inputs)
+    runs_dir = runs_dir or workspace.default_runs_dir()
     if workspace_dir is not None:
-        ws = guard.check_workspace(workspace_dir)
+        ws = guard.check_workspace(workspace_dir, runs_dir)
         ident = _workspace_owner(ws, facts, policy)
     else:
         ws = None
         ident = resolve.sandbox_identity(policy, facts, None)
     facts.require_bwrap()
     owner = ident if facts.is_root else None
-    return workspace.prepare(runs_dir or workspace.default_runs_dir(), ws, checked, owner), ident
+    return workspace.prepare(runs_dir, ws, checked, owner), ident
 
 
 def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str | None = None,
@@ -109,7 +110,7 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
     enforce.check(policy, facts)
     workspace.check_inputs(inputs)
     if workspace_dir is not None:
-        ws = guard.check_workspace(workspace_dir)
+        ws = guard.check_workspace(workspace_dir, runs_dir or workspace.default_runs_dir())
         uid, gid = _workspace_owner(ws, facts, policy)
     else:
         ws = os.path.join(runs_dir or workspace.default_runs_dir(), "RUN-ID", "work")

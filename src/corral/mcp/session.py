@@ -7,7 +7,7 @@ workspaces, which belong to the uid the payload runs as)::
 
     RUNS/mcp-<id>/                 one server; its lock file is held (flock) while it lives
     RUNS/mcp-<id>/<session>/work   a session's workspace: /work in each of its sandboxes
-    RUNS/mcp-<id>/<session>/runs   the run records of its calls
+    RUNS/mcp-<id>/<session>/<run>  the run record of each of its calls
 
 A workspace is payload-writable: every file operation on it goes through
 :mod:`corral.fsops` (descriptor walks, no link followed, FIFOs never opened, sizes capped,
@@ -63,11 +63,12 @@ class Session:
         self.root = root
         self.env = env  # variables set inside every run (the server's --env)
         self.workspace = os.path.join(root, "work")
-        self.runs = os.path.join(root, "runs")
+        # The session's directory is its calls' runs directory: the workspace beneath it is
+        # then corral's own to the launcher (guard.check_workspace).
+        self.runs = root
         self.owner = owner
         self.policy = policy
         os.mkdir(root, 0o700)
-        os.mkdir(self.runs, 0o700)
         os.mkdir(self.workspace, 0o700)
         if owner is not None:
             os.chown(self.workspace, *owner)
