@@ -124,28 +124,11 @@ def _shell_parser(s: argparse.ArgumentParser) -> None:
 
 
 def _mcp_parser(m: argparse.ArgumentParser) -> None:
-    m.usage = ("corral mcp [--profile python|node|shell] [limits, --allow-domain ...] "
-               "[--transport stdio|http] [--host H --port N]")
-    m.description = ("Serve corral's sandbox as MCP tools (run_code, run_command, read_file, "
-                     "write_file, list_files): each MCP session gets its own workspace, kept "
-                     "across its calls and removed when it ends.  The policy is fixed here; "
-                     "no tool call can widen it.  Needs corral[mcp].  See docs/agents.md.")
     _common(m, "python (default), node, shell, or a TOML file")
     m.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
-    m.add_argument("--transport", choices=("stdio", "http"), default="stdio",
-                   help="stdio (default: for 'claude mcp add' and Codex) or streamable HTTP")
-    m.add_argument("--host", default="127.0.0.1",
-                   help="HTTP: address to listen on (default 127.0.0.1; any other needs a "
-                   "token)")
-    m.add_argument("--port", type=int, default=8000, help="HTTP: port (default 8000; 0 picks "
-                   "a free one, printed on stderr)")
-    m.add_argument("--token-file", metavar="FILE", help="HTTP: clients must send "
-                   "'Authorization: Bearer' this file's token (or set CORRAL_MCP_TOKEN)")
-    m.add_argument("--max-sessions", metavar="N", default="8",
-                   help="HTTP: sessions open at once, each with a workspace (default 8)")
-    m.add_argument("--idle-timeout", metavar="SECONDS", default="30m",
-                   help="HTTP: end a session idle this long, removing its workspace "
-                   "(default 30m)")
+    from .mcp.command import add_arguments
+
+    add_arguments(m)
 
 
 def _relaxations() -> tuple[str, ...]:
@@ -397,65 +380,9 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    from .request import PROFILES
+    from .mcp.command import serve
 
-    try:
-        from .mcp import server as front
-        from .mcp import session, tools
-    except ImportError as e:
-        raise UsageError("corral mcp needs the MCP SDK", str(e),
-                         "install it: pip install 'corral[mcp]'") from None
-    profile = args.profile or "python"
-    if "/" not in profile and not profile.endswith(".toml") and profile not in PROFILES:
-        raise UsageError(f"corral mcp does not serve the {profile!r} profile",
-                         "agent profiles open a model API and lift the run-mode limits",
-                         f"use one of {', '.join(PROFILES)}, or a TOML file")
-    policy = _policy(args, profile)
-    token = front.check_token(_mcp_token(args.token_file), args.host) \
-        if args.transport == "http" else None
-    sessions = int(_count(args.max_sessions, "--max-sessions", int))
-    from .policy import parse_duration
-
-    idle = parse_duration(args.idle_timeout, "--idle-timeout")
-    if args.dry_run:
-        from .host import detect
-        from .launch import dry_run_lines
-
-        sb = _mcp_plan(policy, args.runs_dir)
-        print(tools.describe(policy))
-        print("\n".join(dry_run_lines(sb, detect().require_bwrap())))
-        return 0
-    server = session.Server(policy, args.runs_dir, sessions, env=tuple(_env(args.env)))
-    front.serve(server, args.transport, host=args.host, port=args.port, token=token,
-                idle_s=idle, max_sessions=sessions)
-    return 0
-
-
-def _mcp_plan(policy: Any, runs_dir: str | None) -> Any:
-    """The sandbox one MCP tool call would start (``run_command`` of /bin/true)."""
-    from . import api
-
-    return api.plan(["/bin/true"], policy, runs_dir=runs_dir)
-
-
-def _mcp_token(path: str | None) -> str | None:
-    """The HTTP token: from --token-file (private to its owner) or $CORRAL_MCP_TOKEN."""
-    import stat
-
-    if path is None:
-        return os.environ.get("CORRAL_MCP_TOKEN") or None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-                raise UsageError(f"--token-file {path} must be a regular file only its owner "
-                                 "can read", "whoever reads it can run code on this server",
-                                 f"chmod 600 {path}")
-            return f.read(4096).decode("utf-8", errors="replace")
-    except OSError as e:
-        raise UsageError(f"cannot read --token-file {path}", e.strerror or str(e),
-                         "check the path") from None
+    return serve(args, _policy, _env)
 
 
 def cmd_probe(args: argparse.Namespace) -> int:

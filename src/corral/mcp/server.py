@@ -100,7 +100,7 @@ class Front:
         return types.ListToolsResult(tools=[
             types.Tool(name=name, description=tool.description, input_schema=tool.schema,
                        annotations=types.ToolAnnotations(
-                           read_only_hint=tool.read_only, destructive_hint=False,
+                           read_only_hint=tool.read_only,
                            open_world_hint=bool(self.sessions.policy.network.allow)))
             for name, tool in tools.TOOLS.items()])
 

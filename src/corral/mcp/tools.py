@@ -37,9 +37,11 @@ __all__ = ["TOOLS", "Tool", "call", "describe"]
 REPLY_OUTPUT = 64 << 10  # bytes of stdout and of stderr a reply shows, each (head and tail)
 REPLY_CHANGES = 200  # changed files a reply lists
 SHELL = "/bin/bash"  # run_command's "command": the base system always has it
-BYTES = {"oneOf": [{"type": "string"}, {
-    "type": "object", "additionalProperties": False, "required": ["base64"],
-    "properties": {"base64": {"type": "string"}}}]}
+# Bytes are text; binary content may come as {"base64": "..."} (corral.request's form).  The
+# schemas say "string" only: some clients turn tool schemas into a subset of JSON Schema
+# that has no oneOf (and model APIs refuse one at the top level).
+BYTES = {"type": "string", "description": "text (UTF-8); for binary content send "
+         "{\"base64\": \"...\"} instead"}
 TIMEOUT = {"type": "number", "exclusiveMinimum": 0,
            "description": "wall-clock limit in seconds; at most the server's, which it "
            "also is by default"}
@@ -215,18 +217,18 @@ TOOLS: dict[str, Tool] = {
         "(replacing a file of that name); c and cpp are compiled there first. files are "
         "written into the workspace before the run. Nothing started survives the run.",
         _object(["language", "code"], language={"enum": list(LANGUAGES)},
-                code={"type": "string"}, stdin={**BYTES, "description": "standard input"},
-                timeout_s=TIMEOUT,
+                code={"type": "string"}, stdin=BYTES, timeout_s=TIMEOUT,
                 files={"type": "object", "additionalProperties": BYTES,
-                       "description": "relative path -> content (text, or {\"base64\": ...})"}),
+                       "description": "relative path -> content, written first"}),
         run_code),
     "run_command": Tool(
         "Run a command in a fresh sandbox in this session's workspace (/work): argv as "
-        "given, or command with /bin/bash -c. Returns what run_code returns.",
-        {**_object([], argv={"type": "array", "minItems": 1, "items": {"type": "string"}},
-                   command={"type": "string"}, stdin={**BYTES, "description": "standard input"},
-                   timeout_s=TIMEOUT),
-         "oneOf": [{"required": ["argv"]}, {"required": ["command"]}]},
+        "given, or command with /bin/bash -c (exactly one of the two). Returns what run_code "
+        "returns.",
+        _object([], argv={"type": "array", "minItems": 1, "items": {"type": "string"},
+                          "description": "the program and its arguments; or give command"},
+                command={"type": "string", "description": "a shell command line; or give "
+                         "argv"}, stdin=BYTES, timeout_s=TIMEOUT),
         run_command),
     "read_file": Tool(
         "Read a regular file of this session's workspace (at most 1 MiB): text, or "
