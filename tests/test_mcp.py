@@ -9,6 +9,7 @@ launcher following the link itself) succeeds, so no test passes vacuously.
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from mcp_util import (
     stdio_client,
     workspaces,
 )
+from test_resources import BOMB, FORKER, HOG
 
 pytestmark = pytest.mark.sandbox
 __all__ = ["sdk"]  # the fixture, imported for pytest
@@ -113,61 +115,44 @@ def test_the_servers_flags_are_the_only_way_in(who: Identity, sdk: Path | None) 
         assert origin.connections == 1
 
 
-FORKER = """
-import os, sys, time
-started = 0
-for _ in range(40):
-    try:
-        if os.fork() == 0:
-            time.sleep(30)
-            os._exit(0)
-        started += 1
-    except OSError:
-        break
-print(started, flush=True)
-"""
-BOMB = """
-import os, sys
-while True:
-    try:
-        os.fork()
-    except OSError:
-        pass
-"""
-HOG = """
-chunks = []
-while len(chunks) < {n}:
-    chunks.append(bytearray(1 << 20))
-print("survived", len(chunks))
-"""
-
-
 def test_a_fork_bomb_and_a_memory_hog_are_contained(who: Identity, sdk: Path | None) -> None:
+    """The scripts of test_resources.py, sent through the tools: the limits are the server's."""
     marker = f"corral-mcp-bomb-{uuid.uuid4().hex}"
+    scripts = {"forker.py": FORKER, "bomb.py": BOMB, "hog.py": HOG}
+
+    async def python(client: Any, *argv: str, **more: Any) -> dict[str, Any]:
+        return await call(client, "run_command", {"argv": ["python3", *argv], **more})
 
     async def tight() -> None:
         async with connect(who, sdk, "stdio", "--pids", "16", "--memory", "64M",
                            "--cpus", "0.5") as client:
-            forks = await call(client, "run_code", {"language": "python", "code": FORKER})
+            for name, text in scripts.items():
+                await call(client, "write_file", {"path": name, "content": text})
+            forks = await python(client, "forker.py", "40")
             assert forks["exit_code"] == 0 and int(forks["stdout"]) < 16
-            bomb = await call(client, "run_code", {"language": "python", "timeout_s": 5,
-                                                   "code": BOMB + f"# {marker}"})
+            bomb = await python(client, "bomb.py", marker, timeout_s=5)
             assert bomb["status"] == "timeout" and bomb["exit_code"] == 124
-            hog = await call(client, "run_code", {"language": "python",
-                                                  "code": HOG.format(n=4096)})
+            hog = await python(client, "hog.py", "4096")
             assert hog["status"] == "oom" and "survived" not in hog["stdout"]
             assert hog["peak_memory_bytes"] <= 64 << 20
 
-    async def roomy() -> None:  # negative control: the same calls under room enough
+    async def roomy() -> None:  # negative control: the same calls with room enough
         async with connect(who, sdk, "stdio", "--pids", "64", "--memory", "512M") as client:
-            forks = await call(client, "run_code", {"language": "python", "code": FORKER})
-            assert int(forks["stdout"]) == 40
-            hog = await call(client, "run_code", {"language": "python",
-                                                  "code": HOG.format(n=128)})
+            for name, text in scripts.items():
+                await call(client, "write_file", {"path": name, "content": text})
+            assert int((await python(client, "forker.py", "40"))["stdout"]) == 40
+            hog = await python(client, "hog.py", "128")
             assert hog["status"] == "exited" and hog["stdout"] == "survived 128\n"
 
     run(tight)
     assert processes_with(marker) == []
+    # The marker is on the bomb's command line, where a survivor would show it: as this does.
+    alive = subprocess.Popen(["/bin/sh", "-c", "sleep 60; :", marker])
+    try:
+        assert processes_with(marker) == [alive.pid]
+    finally:
+        alive.kill()
+        alive.wait()
     run(roomy)
 
 
