@@ -149,7 +149,7 @@ def test_a_fork_bomb_and_a_memory_hog_are_contained(who: Identity, sdk: Path | N
     # The marker is on the bomb's command line, where a survivor would show it: as this does.
     alive = subprocess.Popen(["/bin/sh", "-c", "sleep 60; :", marker])
     try:
-        assert processes_with(marker) == [alive.pid]
+        assert eventually(lambda: processes_with(marker) == [alive.pid])
     finally:
         alive.kill()
         alive.wait()
