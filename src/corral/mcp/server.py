@@ -161,7 +161,9 @@ async def _no_discover(ctx: Any, params: Any) -> types.DiscoverResult:
 
 
 def _error(message: str) -> types.CallToolResult:
-    return types.CallToolResult(content=[types.TextContent(type="text", text=message)],
+    """A tool error: one line (an exception's text may hold more), never a protocol error."""
+    line = " ".join(message.split())
+    return types.CallToolResult(content=[types.TextContent(type="text", text=line)],
                                 is_error=True)
 
 
