@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,24 @@ def test_a_compile_steps_workspace_may_hold_credential_named_files(bwrap: str,
                                        "files": {".ssh/config": "k"}})
     res = corral.run(req, runs_dir=str(tmp_path / "runs"))
     assert res.status == "exited" and res.ok, res.error
+
+
+def test_an_idle_http_session_ends_and_its_workspace_goes(who: Identity,
+                                                          sdk: Path | None) -> None:
+    """A client that leaves without ending its session: the idle timeout ends it."""
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async def leave_open(url: str) -> None:
+        async with Client(streamable_http_client(url, terminate_on_close=False)) as client:
+            await call(client, "write_file", {"path": "f", "content": "x"})
+
+    with http_server(who, sdk, "--idle-timeout", "3") as server:
+        run(lambda: leave_open(server.url))
+        assert eventually(lambda: workspaces(who) == [], timeout=120)
+    # Negative control: with the default timeout (30 minutes) the same session stays.
+    with http_server(who, sdk) as server:
+        run(lambda: leave_open(server.url))
+        time.sleep(6)
+        assert len(workspaces(who)) == 1
+    assert workspaces(who) == []  # and goes when the server stops
