@@ -162,6 +162,8 @@ def _contents(request: RunRequest) -> list[tuple[str, bytes]]:
 
 def _steps(request: RunRequest, policy: Policy, runs: str, inputs: list[str],
            keep: bool, workspace_dir: str | None = None) -> RunResult:
+    # Every workspace reused here is corral's own (the compile step's, or run_in's session
+    # workspace), never one the user named: own_workspace.
     spec = request.language_spec
     env = request.env
     compiled = None
@@ -169,12 +171,12 @@ def _steps(request: RunRequest, policy: Policy, runs: str, inputs: list[str],
         timeout = request.limits.compile_timeout_s or policy.limits.timeout_s
         compile_policy = replace(policy, limits=replace(policy.limits, timeout_s=timeout))
         compiled = api.run(spec.compile, compile_policy, inputs=inputs, env=env, runs_dir=runs,
-                           workspace_dir=workspace_dir)
+                           workspace_dir=workspace_dir, own_workspace=True)
         if not compiled.ok:
             return RunResult(request.id, "compile-failed", compile=_shown(compiled, keep))
     argv = spec.run if spec is not None else request.command or ()
     ran = api.run(argv, policy, inputs=() if compiled else inputs, env=env, runs_dir=runs,
-                  stdin=request.stdin,
+                  stdin=request.stdin, own_workspace=True,
                   workspace_dir=compiled.workspace if compiled else workspace_dir)
     files = fetch(ran.workspace, request.fetch, request.limits.fetch_bytes or
                   DEFAULT_FETCH_BYTES)

@@ -115,15 +115,13 @@ def _contains_home(real: str, home: str) -> bool:
             return False
 
 
-def check_workspace(path: str, runs_dir: str | None = None) -> str:
+def check_workspace(path: str, corrals_own: bool = False) -> str:
     """A reused workspace, checked as a writable root.
 
-    One beneath the runs directory is corral's own (a compile step's, an MCP session's):
-    credential-looking folders there were written by its payloads, not found in a home
-    directory, and refusing them would only lock the session out of its own files."""
-    own = runs_dir is not None and _under(os.path.realpath(path), os.path.realpath(runs_dir)) \
-        and os.path.realpath(path) != os.path.realpath(runs_dir)
-    return check_writable_root(path, "workspace", corrals_own=own)
+    ``corrals_own`` says corral made it (a compile step's, an MCP session's): folders named
+    like credentials there were written by its payloads, not found in a home directory, and
+    refusing them would only lock the session out of its own files."""
+    return check_writable_root(path, "workspace", corrals_own=corrals_own)
 
 
 def userns_hint(host: HostFacts) -> str:

@@ -63,9 +63,7 @@ class Session:
         self.root = root
         self.env = env  # variables set inside every run (the server's --env)
         self.workspace = os.path.join(root, "work")
-        # The session's directory is its calls' runs directory: the workspace beneath it is
-        # then corral's own to the launcher (guard.check_workspace).
-        self.runs = root
+        self.runs = root  # the run records of its calls, beside the workspace
         self.owner = owner
         self.policy = policy
         os.mkdir(root, 0o700)
