@@ -106,14 +106,15 @@ class Session:
 
     def run(self, request: RunRequest) -> RunResult:
         """Run ``request`` in the workspace under the server's policy, its limits capped."""
+        placing = sum(len(c) for _, c in request.files) \
+            + len((request.code or "").encode(errors="replace"))
         try:
-            room = self._room(sum(len(c) for _, c in request.files)
-                              + len((request.code or "").encode(errors="replace")))
+            room = self._room(placing)
         except UsageError as e:
             return RunResult.refused(request.id, "invalid", str(e))
         policy = self.policy
-        if room is not None:
-            policy = replace(policy, limits=replace(policy.limits, disk_bytes=room))
+        if room is not None:  # the run's own limit counts from after the files are placed
+            policy = replace(policy, limits=replace(policy.limits, disk_bytes=room - placing))
         return execute.run_in(replace(request, env=self.env), policy, self.workspace,
                               owner=self.owner, runs_dir=self.runs)
 
