@@ -174,8 +174,12 @@ def _step(result: Result) -> dict[str, Any]:
 
 
 def run_reply(res: RunResult) -> dict[str, Any]:
-    """What a run tool answers; a run that could not start is a UsageError (a tool error)."""
-    if res.status in ("invalid", "error"):
+    """What a run tool answers; a run that could not start is a UsageError (a tool error).
+
+    One that started and then lost corral's init (status ``error`` with a step) is a reply,
+    with ``error`` saying so: what it printed until then may still help."""
+    steps_ran = res.run is not None or res.compile is not None
+    if res.status == "invalid" or (res.status == "error" and not steps_ran):
         raise UsageError(res.error or f"the run could not start ({res.status})")
     steps = [s for s in (res.compile, res.run) if s is not None]
     changes = [c for s in steps for c in s.changes]
@@ -185,6 +189,8 @@ def run_reply(res: RunResult) -> dict[str, Any]:
         reply.update(_step(res.run))
     if res.compile is not None:
         reply["compile"] = _step(res.compile)
+    if res.error:
+        reply["error"] = res.error
     reply["files_changed"] = [
         {k: v for k, v in (("path", c.path), ("change", c.change), ("type", c.type),
                            ("size", c.size)) if v is not None}
