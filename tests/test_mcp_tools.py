@@ -130,3 +130,10 @@ def test_tokens_are_required_off_loopback() -> None:
     with pytest.raises(UsageError, match="too short"):
         check_token("short", "0.0.0.0")
     assert check_token("a" * 32 + "\n", "0.0.0.0") == "a" * 32
+
+
+def test_a_run_that_lost_its_init_is_a_reply_saying_so() -> None:
+    lost = _result(exit_code=125, status="error", stdout=b"partial", error="the init died")
+    reply = tools.run_reply(RunResult("i", "error", run=lost, error="the init died"))
+    assert reply["status"] == "error" and reply["error"] == "the init died"
+    assert reply["stdout"] == "partial" and reply["ok"] is False
