@@ -370,3 +370,31 @@ def test_a_failure_inside_the_proxy_is_a_logged_400_and_prints_nothing(
     assert [x["code"] for x in log_lines(tmp_path)] == ["allowed", "bad-request"]
     assert origin.connections == 1
     assert capfd.readouterr().err == ""
+
+
+def test_request_bytes_held_go_back_to_the_budget(tmp_path: Path) -> None:
+    """What each connection held while its request was read and its upstream connected
+    returns to the run once the tunnel sent it on, or the connection ended: refused,
+    relayed, dropped half-way or timed out.  Otherwise later requests would get 503."""
+    from corral.egress.account import HOLD_BUDGET
+
+    with Origin() as origin, proxy(tmp_path, ("origin.test",),
+                                   pins=(("origin.test", "127.0.0.1"),)) as (session, port):
+        target = f"origin.test:{origin.port}".encode()
+        plain = exchange(port, b"GET http://" + target + b"/ HTTP/1.1\r\n\r\n")
+        tunnel = exchange(port, b"CONNECT " + target + b" HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n"
+                          b"Host: x\r\nConnection: close\r\n\r\n")
+        refused = exchange(port, b"GET http://other.test/ HTTP/1.1\r\n\r\n")
+        half = exchange(port, b"GET http://" + target + b"/ HTTP/1.1\r\nX: " + b"a" * 5000)
+        assert [status(x) for x in (plain, tunnel, refused, half)] == [200, 200, 403, 400]
+        account = session.account
+        deadline = time.monotonic() + 30
+        while account.hold_left != HOLD_BUDGET and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert account.hold_left == HOLD_BUDGET
+        # Control: a connection that is still sending its head holds what it sent.
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"GET http://" + target + b"/ HTTP/1.1\r\nX: " + b"a" * 5000)
+            while account.hold_left == HOLD_BUDGET and time.monotonic() < deadline + 30:
+                time.sleep(0.05)
+            assert HOLD_BUDGET - account.hold_left >= 5000
