@@ -398,3 +398,41 @@ def test_request_bytes_held_go_back_to_the_budget(tmp_path: Path) -> None:
             while account.hold_left == HOLD_BUDGET and time.monotonic() < deadline + 30:
                 time.sleep(0.05)
             assert HOLD_BUDGET - account.hold_left >= 5000
+
+
+def test_a_tunnel_gives_back_what_it_started_with_once_that_is_sent() -> None:
+    """A stalled upstream keeps the request's bytes in the proxy's memory: they stay held
+    against the run's budget until they are out.  (Giving them back when the tunnel starts,
+    as the reverse pump's empty start once did, would let stalled tunnels hold them free.)"""
+    import asyncio
+
+    from corral.egress.relay import Tunnel
+
+    loop = asyncio.new_event_loop()
+    client, client_peer = socket.socketpair()
+    upstream, origin = socket.socketpair()
+    for sock in (client, upstream):
+        sock.setblocking(False)
+    upstream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    released: list[int] = []
+    closed: list[Tunnel] = []
+    first = b"x" * (1 << 20)  # far more than the sockets between us and the origin hold
+    tunnel = Tunnel(loop, bytearray(1 << 16), client, upstream, closed.append,
+                    on_sent=lambda: released.append(1))
+    try:
+        tunnel.start(first, b"")
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert released == [] and tunnel.outbound.pending  # stalled: still held
+        got = 0
+        origin.settimeout(30)
+        while got < len(first):  # the origin reads: the bytes go out
+            got += len(origin.recv(1 << 16))
+            loop.run_until_complete(asyncio.sleep(0))
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert released == [1] and got == len(first)
+    finally:
+        tunnel.close()
+        loop.close()
+        for sock in (client_peer, origin):
+            sock.close()
+    assert released == [1]  # given back once, not again when the tunnel closes

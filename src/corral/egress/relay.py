@@ -52,7 +52,8 @@ class Pump:
             self.pending = first
             self.tunnel.loop.add_writer(self.dst_fd, self._writable)
         else:
-            self.tunnel.sent()
+            if self is self.tunnel.outbound:  # nothing to send first: nothing held
+                self.tunnel.sent()
             self.tunnel.loop.add_reader(self.src_fd, self._readable)
 
     def _readable(self) -> None:
@@ -115,7 +116,8 @@ class Pump:
             return
         self.pending = self.pending[sent:]
         if not self.pending:
-            self.tunnel.sent()
+            if self is self.tunnel.outbound:  # the request's own bytes are out of memory
+                self.tunnel.sent()
             self.tunnel.loop.remove_writer(self.dst_fd)
             if not self.tunnel.closed:
                 self.tunnel.loop.add_reader(self.src_fd, self._readable)
