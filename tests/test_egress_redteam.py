@@ -376,3 +376,49 @@ def test_a_bound_directory_deleted_during_launch_is_one_clear_error(who: Identit
                                      "/proc/self/fd/"), r
     else:
         assert r == {"status": "exited"}
+
+
+# A resolver that never answers (a DNS server on the namespace's 127.0.0.1 that reads and
+# drops every query; `options timeout:30 attempts:1`): each lookup takes 30 s, longer than
+# the 15 s a request waits for it.  64 requests for allowed names arrive at once.
+SLOW_DNS = r"""
+import json, socket, sys, threading, time
+import corral.egress.opener as opener
+from corral.egress.session import open_session
+from corral.policy import Network
+from egress_util import HostBridge, exchange
+if sys.argv[1] == "uncapped":  # the control: no cap on lookups in flight
+    opener.MAX_LOOKUPS = 1000
+dropped = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+dropped.bind(("127.0.0.1", 53))
+session = open_session(Network(allow=("*.test",)), None)
+with session, HostBridge(session) as bridge:
+    def ask(i):
+        exchange(bridge.port, b"CONNECT n%d.test:443 HTTP/1.1\r\n\r\n" % i, timeout=120)
+    for i in range(64):
+        threading.Thread(target=ask, args=(i,), daemon=True).start()
+    time.sleep(float(sys.argv[2]))  # past the first requests' 15 s when capped
+    alive = sum(t.name == "corral-resolve" for t in threading.enumerate())
+print(json.dumps({"alive": alive}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["capped", "uncapped"])
+def test_name_lookups_in_flight_stay_at_their_cap_when_the_resolver_hangs(who: Identity,
+                                                                          mode: str) -> None:
+    """At most 16 lookup threads per run, even once requests give up on them: a request
+    that timed out keeps its thread's slot until the thread ends.  Measured on main: 32
+    threads after 20 s, 80 after a minute.  Control: without the cap, 64 at once."""
+    conf = who.tmp / "resolv.conf"
+    conf.write_text("nameserver 127.0.0.1\noptions timeout:30 attempts:1\n")
+    conf.chmod(0o644)
+    wait = "20" if mode == "capped" else "3"
+    proc = run_in_netns(who, SLOW_DNS.replace("sys.argv[1]", repr(mode))
+                        .replace("sys.argv[2]", wait),
+                        f"ip link set lo up && mount --bind {conf} /etc/resolv.conf", mount=True)
+    assert proc.returncode == 0, proc.stderr
+    alive = json.loads(proc.stdout)["alive"]
+    if mode == "capped":
+        assert alive <= 16, alive
+    else:
+        assert alive > 32, alive
