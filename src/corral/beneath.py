@@ -16,7 +16,25 @@ import threading
 from collections.abc import Iterator
 
 __all__ = ["DIR_FLAGS", "PATH_FLAGS", "acting_as", "kind_of", "open_beneath", "read_file",
-           "split"]
+           "reason", "split"]
+
+# What a refused operation beneath a tree means, in words a user can act on.
+REASONS = {
+    errno.ELOOP: "a symbolic link is on the way, and links are never followed",
+    errno.EXDEV: "the path leaves the tree",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.ENOENT: "no such file or directory",
+    errno.EISDIR: "it is a directory",
+    errno.EEXIST: "something that is not a directory is in the way",
+    errno.EFBIG: "it is larger than the limit",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+
+
+def reason(e: OSError) -> str:
+    """Why a :class:`Tree` operation failed, in one short phrase."""
+    return REASONS.get(e.errno or 0, e.strerror or str(e))
 
 # openat2(2): include/uapi/linux/openat2.h; the number is the same on every architecture.
 SYS_OPENAT2 = 437

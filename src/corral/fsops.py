@@ -45,30 +45,12 @@ from .beneath import (
     kind_of,
     open_beneath,
     read_file,
+    reason,
     split,
 )
 
 __all__ = ["Entry", "Tree", "acting_as", "kind_of", "open_beneath", "read_file", "reason",
            "remove_tree", "split"]
-
-# What a refused operation beneath a tree means, in words a user can act on.
-REASONS = {
-    errno.ELOOP: "a symbolic link is on the way, and links are never followed",
-    errno.EXDEV: "the path leaves the tree",
-    errno.ENOTDIR: "a part of the path is not a directory",
-    errno.ENOENT: "no such file or directory",
-    errno.EISDIR: "it is a directory",
-    errno.EEXIST: "something that is not a directory is in the way",
-    errno.EFBIG: "it is larger than the limit",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "permission denied",
-}
-
-
-def reason(e: OSError) -> str:
-    """Why a :class:`Tree` operation failed, in one short phrase."""
-    return REASONS.get(e.errno or 0, e.strerror or str(e))
-
 
 class Entry(NamedTuple):
     """One name in a directory and what it is (a link is a link, never its target)."""
