@@ -24,6 +24,8 @@ USAGE = """corral run [options] -- CMD [ARG...]
        corral agent [options] -- AGENT [ARG...]
        corral shell [options] (-c CMD | -- ARGV...)
        corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
+       corral batch JOBS.jsonl -o RESULTS.jsonl [--workers N] [--engine local|ray] [--resume]
+       corral serve [--host ADDR] [--port N] [--workers N] [--token-file FILE]
        corral doctor [--json]
        corral delegate --user NAME [--undo]"""
 
@@ -147,6 +149,28 @@ def _probe_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _batch_parser(b: argparse.ArgumentParser) -> None:
+    b.usage = ("corral batch JOBS.jsonl -o RESULTS.jsonl [--workers N] [--engine local|ray] "
+               "[--address ADDR] [--resume]")
+    b.description = ("Run one request per line of JOBS.jsonl (see docs/requests.md), each in "
+                     "fresh sandboxes; write one result per line to RESULTS.jsonl as each "
+                     "finishes.  JOBS.jsonl '-' reads standard input.")
+    b.add_argument("jobs", metavar="JOBS.jsonl")
+    b.add_argument("-o", "--output", required=True, metavar="RESULTS.jsonl")
+    b.add_argument("--workers", metavar="N", help="runs at a time (default: one per core; "
+                   "with --engine ray: tasks in flight, default twice the cluster's CPUs)")
+    b.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: this machine; ray: a Ray cluster (corral[ray])")
+    b.add_argument("--address", metavar="ADDR", help="the Ray cluster to join (default: "
+                   "RAY_ADDRESS, else a new single-node Ray on this machine)")
+    b.add_argument("--resume", action="store_true",
+                   help="continue an interrupted batch: skip the ids RESULTS.jsonl holds")
+    b.add_argument("--keep", action="store_true",
+                   help="keep each run's workspace and record under the runs directory")
+    b.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
+    b.add_argument("--quiet", action="store_true", help="no progress display, only the summary")
+
+
 def _doctor_parser(d: argparse.ArgumentParser) -> None:
     d.add_argument("--json", action="store_true")
 
@@ -165,6 +189,7 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "agent": ("run a coding agent in this project directory", _agent_parser),
     "shell": ("run one shell command under agent-mode rules", _shell_parser),
     "probe": ("prove the sandbox on this machine: escape attempts", _probe_parser),
+    "batch": ("run a JSON-lines file of requests, results as they finish", _batch_parser),
     "doctor": ("what this host supports and which protections hold", _doctor_parser),
     "delegate": ("as root: let USER's runs have cgroup limits (v1 hosts)", _delegate_parser),
 }
@@ -378,6 +403,17 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def cmd_batch(args: argparse.Namespace) -> int:
+    from .batch import run_batch
+    from .engines import engine_for
+
+    workers = int(_count(args.workers, "--workers", int)) if args.workers else None
+    engine = engine_for(args.engine, workers=workers, address=args.address,
+                        runs_dir=args.runs_dir, keep=args.keep)
+    run_batch(args.jobs, args.output, engine, resume=args.resume, quiet=args.quiet)
+    return 0
+
+
 def cmd_delegate(args: argparse.Namespace) -> int:
     from .cgroups import delegate
     from .host import detect
@@ -408,6 +444,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             code = cmd_agent(args, cmd)
         elif args.verb == "probe" and not cmd:
             code = cmd_probe(args)
+        elif args.verb == "batch" and not cmd:
+            code = cmd_batch(args)
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
