@@ -176,8 +176,11 @@ class Progress:
             except ImportError:
                 return
             remaining = None if tally.total is None else tally.total - tally.skipped
-            self.bar = tqdm(total=remaining, unit="run", file=stream, dynamic_ncols=True,
-                            smoothing=0.1)
+            # A terminal that reports no size (a fresh pty) would get no bar at all.
+            sized = _width(stream) > 0
+            self.bar = tqdm(total=remaining, unit="run", file=stream, smoothing=0.1,
+                            dynamic_ncols=sized, ncols=None if sized else 100,
+                            nrows=None if sized else 24)
 
     def update(self, result: RunResult) -> None:
         self.tally.add(result)
@@ -192,6 +195,13 @@ class Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _width(stream: IO[str]) -> int:
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (OSError, ValueError):
+        return 0
 
 
 def count_lines(path: str) -> int | None:
