@@ -163,6 +163,8 @@ def _batch_parser(b: argparse.ArgumentParser) -> None:
                    help="local: this machine; ray: a Ray cluster (corral[ray])")
     b.add_argument("--address", metavar="ADDR", help="the Ray cluster to join (default: "
                    "RAY_ADDRESS, else a new single-node Ray on this machine)")
+    b.add_argument("--retries", metavar="N", help="--engine ray: how often Ray runs a job "
+                   "again whose node or worker died (default 3)")
     b.add_argument("--resume", action="store_true",
                    help="continue an interrupted batch: skip the ids RESULTS.jsonl holds")
     b.add_argument("--keep", action="store_true",
@@ -408,8 +410,14 @@ def cmd_batch(args: argparse.Namespace) -> int:
     from .engines import engine_for
 
     workers = int(_count(args.workers, "--workers", int)) if args.workers else None
+    retries = None
+    if args.retries is not None:
+        retries = int(args.retries) if args.retries.isdigit() else -1
+        if retries < 0:
+            raise UsageError(f"--retries {args.retries!r} is not a count", "",
+                             "write it like --retries 3, or 0 for none")
     engine = engine_for(args.engine, workers=workers, address=args.address,
-                        runs_dir=args.runs_dir, keep=args.keep)
+                        runs_dir=args.runs_dir, keep=args.keep, retries=retries)
     run_batch(args.jobs, args.output, engine, resume=args.resume, quiet=args.quiet)
     return 0
 

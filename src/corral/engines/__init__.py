@@ -33,19 +33,21 @@ class Engine(Protocol):
 
 
 def engine_for(name: str, *, workers: int | None = None, address: str | None = None,
-               runs_dir: str | None = None, keep: bool = False) -> Engine:
+               runs_dir: str | None = None, keep: bool = False,
+               retries: int | None = None) -> Engine:
     """The engine called ``name`` (``local`` or ``ray``); UsageError when it cannot be had."""
     from ..errors import UsageError
 
     if name == "local":
-        if address is not None:
-            raise UsageError("--address is for --engine ray", "the local engine runs here",
-                             "drop --address, or add --engine ray")
+        if address is not None or retries is not None:
+            raise UsageError("--address and --retries are for --engine ray",
+                             "the local engine runs here", "drop them, or add --engine ray")
         from .local import LocalPool
 
         return LocalPool(workers, runs_dir=runs_dir, keep=keep)
     if name == "ray":
         from .ray import RayEngine
 
-        return RayEngine(address, workers=workers, runs_dir=runs_dir, keep=keep)
+        return RayEngine(address, workers=workers, runs_dir=runs_dir, keep=keep,
+                         retries=retries)
     raise UsageError(f"engine {name!r} is not known", "engines: local, ray", "pick one of those")

@@ -22,12 +22,14 @@ LOOPBACK = ("127.0.0.1", "localhost", "[::1]", "::1")
 
 
 class RayEngine:
-    """``workers``: tasks in flight at once (default: twice the cluster's CPUs)."""
+    """``workers``: tasks in flight at once (default: twice the cluster's CPUs); ``retries``:
+    how often Ray runs a task again whose worker or node died (default 3)."""
 
     name = "ray"
 
     def __init__(self, address: str | None = None, *, workers: int | None = None,
-                 runs_dir: str | None = None, keep: bool = False) -> None:
+                 runs_dir: str | None = None, keep: bool = False,
+                 retries: int | None = None) -> None:
         self.address = address or os.environ.get("RAY_ADDRESS") or None
         self.here = self.address is None or self.address.rsplit(":", 1)[0] in LOOPBACK
         if self.here:
@@ -44,6 +46,7 @@ class RayEngine:
         if self.here:  # imported before the variable was set: the same switch, by hand
             ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
         self.workers = workers or 0
+        self.retries = retries
         self.runs_dir = runs_dir
         self.keep = keep
 
@@ -71,8 +74,9 @@ class RayEngine:
 
         owned = self._join()
         try:
+            options = {} if self.retries is None else {"max_retries": self.retries}
             yield from corral_ray.map(requests, in_flight=self.workers or None,
-                                      runs_dir=self.runs_dir, keep=self.keep)
+                                      runs_dir=self.runs_dir, keep=self.keep, **options)
         finally:
             if owned:
                 ray.shutdown()
