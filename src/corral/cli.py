@@ -173,6 +173,30 @@ def _batch_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--quiet", action="store_true", help="no progress display, only the summary")
 
 
+def _serve_parser(s: argparse.ArgumentParser) -> None:
+    s.usage = "corral serve [--host ADDR] [--port N] [--workers N] [--token-file FILE] ..."
+    s.description = ("Serve requests over HTTP: POST /run_code and /run_code/batch "
+                     "(SandboxFusion's API), POST /v1/runs (corral's RunRequest), GET /healthz "
+                     "and /metrics.  Needs corral[serve].  See docs/serve.md.")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
+                   "any other needs --token-file)")
+    s.add_argument("--port", default="8080", metavar="N")
+    s.add_argument("--workers", metavar="N", help="runs at once (default: one per core)")
+    s.add_argument("--queue", default="256", metavar="N",
+                   help="requests that may wait beyond those (default 256); more get 429")
+    s.add_argument("--token-file", metavar="FILE", help="clients must send "
+                   "'Authorization: Bearer TOKEN' with the token in FILE")
+    s.add_argument("--max-timeout", default="60", metavar="SECONDS",
+                   help="the longest run (and compile step) a request may ask for")
+    s.add_argument("--max-memory", default="2G", metavar="SIZE")
+    s.add_argument("--max-output", default="8M", metavar="SIZE",
+                   help="captured stdout and stderr of one run, each")
+    s.add_argument("--max-body", default="32M", metavar="SIZE", help="one request's body")
+    s.add_argument("--allow-domain", metavar="NAME", action="append", default=[],
+                   help="a name requests may ask to reach (repeatable; default: none)")
+    s.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
+
+
 def _doctor_parser(d: argparse.ArgumentParser) -> None:
     d.add_argument("--json", action="store_true")
 
@@ -192,6 +216,7 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "shell": ("run one shell command under agent-mode rules", _shell_parser),
     "probe": ("prove the sandbox on this machine: escape attempts", _probe_parser),
     "batch": ("run a JSON-lines file of requests, results as they finish", _batch_parser),
+    "serve": ("serve requests over HTTP, SandboxFusion-compatible", _serve_parser),
     "doctor": ("what this host supports and which protections hold", _doctor_parser),
     "delegate": ("as root: let USER's runs have cgroup limits (v1 hosts)", _delegate_parser),
 }
@@ -422,6 +447,36 @@ def cmd_batch(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from dataclasses import replace as with_
+
+    from .policy import parse_duration, parse_size
+    from .serve import Caps, Config, serve
+
+    token = None
+    if args.token_file:
+        try:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        except OSError as e:
+            raise UsageError(f"cannot read {args.token_file}", e.strerror or str(e),
+                             "give a file holding the token") from None
+    longest = parse_duration(args.max_timeout, "--max-timeout")
+    caps = with_(Caps(), timeout_s=longest, compile_timeout_s=longest,
+                 memory_bytes=parse_size(args.max_memory, "--max-memory"),
+                 output_bytes=parse_size(args.max_output, "--max-output"))
+    config = Config(host=args.host, port=int(_count(args.port, "--port", int)),
+                    workers=int(_count(args.workers, "--workers", int)) if args.workers
+                    else os.cpu_count() or 1, queue=int(args.queue) if args.queue.isdigit()
+                    else -1, token=token, caps=caps,
+                    max_body=parse_size(args.max_body, "--max-body"),
+                    allow_domains=tuple(args.allow_domain), runs_dir=args.runs_dir)
+    print(f"corral: serving on http://{args.host}:{config.port} "
+          f"({config.workers} at once, {config.queue} queued)", file=sys.stderr, flush=True)
+    serve(config)
+    return 0
+
+
 def cmd_delegate(args: argparse.Namespace) -> int:
     from .cgroups import delegate
     from .host import detect
@@ -454,6 +509,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             code = cmd_probe(args)
         elif args.verb == "batch" and not cmd:
             code = cmd_batch(args)
+        elif args.verb == "serve" and not cmd:
+            code = cmd_serve(args)
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
