@@ -157,7 +157,7 @@ def _batch_parser(b: argparse.ArgumentParser) -> None:
                      "finishes.  JOBS.jsonl '-' reads standard input.")
     b.add_argument("jobs", metavar="JOBS.jsonl")
     b.add_argument("-o", "--output", required=True, metavar="RESULTS.jsonl")
-    b.add_argument("--workers", metavar="N", help="runs at a time (default: one per core; "
+    b.add_argument("--workers", metavar="N", help="runs at a time (default: two per core; "
                    "with --engine ray: tasks in flight, default twice the cluster's CPUs)")
     b.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: this machine; ray: a Ray cluster (corral[ray])")
@@ -181,7 +181,7 @@ def _serve_parser(s: argparse.ArgumentParser) -> None:
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
                    "any other needs --token-file)")
     s.add_argument("--port", default="8080", metavar="N")
-    s.add_argument("--workers", metavar="N", help="runs at once (default: one per core)")
+    s.add_argument("--workers", metavar="N", help="runs at once (default: two per core)")
     s.add_argument("--queue", default="256", metavar="N",
                    help="requests that may wait beyond those (default 256); more get 429")
     s.add_argument("--token-file", metavar="FILE", help="clients must send "
@@ -450,6 +450,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from dataclasses import replace as with_
 
+    from .engines.local import default_workers
     from .policy import parse_duration, parse_size
     from .serve import Caps, Config, serve
 
@@ -467,7 +468,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                  output_bytes=parse_size(args.max_output, "--max-output"))
     config = Config(host=args.host, port=int(_count(args.port, "--port", int)),
                     workers=int(_count(args.workers, "--workers", int)) if args.workers
-                    else os.cpu_count() or 1, queue=int(args.queue) if args.queue.isdigit()
+                    else default_workers(), queue=int(args.queue) if args.queue.isdigit()
                     else -1, token=token, caps=caps,
                     max_body=parse_size(args.max_body, "--max-body"),
                     allow_domains=tuple(args.allow_domain), runs_dir=args.runs_dir)

@@ -8,9 +8,9 @@ leaves out gets the lower of the profile's default and the server's maximum.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields, replace
 
+from ..engines.local import default_workers
 from ..errors import UsageError
 from ..request import LIMIT_KEYS, RequestLimits, RunRequest
 
@@ -39,7 +39,7 @@ class Caps:
 class Config:
     host: str = "127.0.0.1"
     port: int = 8080
-    workers: int = field(default_factory=lambda: os.cpu_count() or 1)  # runs at once
+    workers: int = field(default_factory=default_workers)  # runs at once
     queue: int = 256  # requests waiting beyond those; more get 429
     token: str | None = None
     caps: Caps = field(default_factory=Caps)
