@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -85,6 +86,29 @@ def local_section(jobs: int, runs: str) -> str:
                          f"{ours / raw:.2f}x"])
     return ("### Local engine against a raw-bwrap pool (runs/s)\n\n"
             + table(["work", "workers", "raw bwrap pool", "corral LocalPool", "ratio"], rows))
+
+
+def layer_section(jobs: int, runs: str) -> str:
+    """What the request layer adds to one launch: staging, its own run directory, removal."""
+    import corral
+
+    def median_ms(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(jobs // 4):
+            t = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t)
+        return statistics.median(times) * 1000
+
+    request = RunRequest(command=("/bin/true",))
+    rows = []
+    for _ in range(2):  # interleaved, so that a change of load hits both alike
+        api = median_ms(lambda: corral.run(["/bin/true"], runs_dir=runs))
+        ours = median_ms(lambda: run_request(request, runs_dir=runs))
+        rows.append([f"{api:.1f}", f"{ours:.1f}", f"{ours - api:+.1f}"])
+    return ("### What the request layer adds to one run (`/bin/true`, median ms, one at a "
+            "time)\n\n" + table(["corral.run(argv)", "run_request(RunRequest)", "difference"],
+                                  rows))
 
 
 def free_port() -> int:
@@ -199,7 +223,8 @@ def main() -> None:
     jobs = 60 if args.quick else 200
     runs = tempfile.mkdtemp(prefix="corral-bench-runs-")
     try:
-        parts = [local_section(jobs, runs), serve_section(jobs, runs), ray_section(jobs, runs)]
+        parts = [layer_section(jobs, runs), local_section(jobs, runs),
+                 serve_section(jobs, runs), ray_section(jobs, runs)]
     finally:
         shutil.rmtree(runs, ignore_errors=True)
     load = os.getloadavg()[0]

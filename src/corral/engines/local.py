@@ -18,9 +18,9 @@ from ..result import RunResult
 __all__ = ["LocalPool", "default_workers", "run_safely"]
 
 IN_FLIGHT_PER_WORKER = 2  # requests handed to the pool ahead of time, per worker
-# A run spends most of its wall time waiting (for bwrap's setup, the init, the cgroup's
-# teardown), so two runs per core keep the cores busier than one: bench/scale.py measured
-# 1 -> 2 -> 4 workers on 2 cores and found 4 near twice as fast as 2.
+# A run spends much of its wall time waiting (bwrap's setup, the init, the cgroup's teardown),
+# so two runs per core keep the cores busier than one: on 2 cores, bench/scale.py found 4
+# workers at least as fast as 2 in every run, and up to twice as fast on a busy machine.
 WORKERS_PER_CORE = 2
 
 
