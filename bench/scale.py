@@ -140,8 +140,9 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-def serve_section(jobs: int, runs: str) -> str:
-    workers, clients = default_workers(), 16
+def through_server(workers: int, clients: int, jobs: int, runs: str
+                   ) -> tuple[list[float], float]:
+    """Latencies and wall time of ``jobs`` POST /run_code from ``clients`` threads."""
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "corral", "serve", "--port", str(port),
                                "--workers", str(workers), "--runs-dir", runs],
@@ -157,10 +158,14 @@ def serve_section(jobs: int, runs: str) -> str:
             except OSError:
                 assert time.monotonic() < deadline
                 time.sleep(0.2)
-        lat, wall = timed_pool(lambda _: post(url, body), clients, jobs)
+        return timed_pool(lambda _: post(url, body), clients, jobs)
     finally:
         server.terminate()
         server.wait(60)
+
+
+def serve_section(jobs: int, runs: str) -> str:
+    clients = 16
     request = RunRequest(code="print(1)", language="python")
 
     def direct(_: int) -> float:
@@ -168,17 +173,21 @@ def serve_section(jobs: int, runs: str) -> str:
         assert run_request(request, runs_dir=runs).ok
         return time.perf_counter() - t
 
-    api_lat, api_wall = timed_pool(direct, workers, jobs)
-    rows = [["`corral serve`, POST /run_code", f"{clients} clients, {workers} workers",
-             f"{pct(lat, 50) * 1000:.0f}", f"{pct(lat, 99) * 1000:.0f}",
-             f"{rate(jobs, wall):.1f}"],
-            ["the API, run_request", f"{workers} threads", f"{pct(api_lat, 50) * 1000:.0f}",
-             f"{pct(api_lat, 99) * 1000:.0f}", f"{rate(jobs, api_wall):.1f}"]]
-    ratio = rate(jobs, wall) / rate(jobs, api_wall)
-    note = (f"\nThroughput through the server is {ratio:.2f}x the API's; its latency includes "
-            f"the time a request waits for a worker ({clients} clients share {workers} workers).\n")
+    rows = []
+    for workers in (2, 4):
+        lat, wall = through_server(workers, clients, jobs, runs)
+        api_lat, api_wall = timed_pool(direct, workers, jobs)
+        for path, conc, ls, w in (
+                ("`corral serve`, POST /run_code", f"{clients} clients", lat, wall),
+                ("the API, run_request", "as many threads", api_lat, api_wall)):
+            rows.append([path, str(workers), conc, f"{pct(ls, 50) * 1000:.0f}",
+                         f"{pct(ls, 99) * 1000:.0f}", f"{rate(jobs, w):.1f}"])
+        rows.append(["server / API", str(workers), "", "", "",
+                     f"{rate(jobs, wall) / rate(jobs, api_wall):.2f}x"])
+    note = ("\nThe server's latency includes the time a request waits for a worker "
+            f"({clients} clients share the workers); the API's does not.\n")
     return ("### `corral serve` against the same work through the API (python `print(1)`)\n\n"
-            + table(["path", "concurrency", "p50 ms", "p99 ms", "runs/s"], rows) + note)
+            + table(["path", "workers", "clients", "p50 ms", "p99 ms", "runs/s"], rows) + note)
 
 
 def ray_section(jobs: int, runs: str) -> str:
