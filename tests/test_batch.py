@@ -83,13 +83,15 @@ def test_resume_runs_each_job_exactly_once(who: Identity) -> None:
     out = who.tmp / "out.jsonl"
     cmd = [*who.prefix(), "-m", "corral", "batch", str(jobs), "-o", str(out), "--workers", "2",
            "--keep", "--quiet"]
+    # SIGINT as a terminal's Ctrl-C sends it (a shell's background job would ignore it).
     proc = subprocess.Popen(cmd, env=who.environ(), cwd=who.tmp, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                        signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while (not out.exists() or len(out.read_text().splitlines()) < 3) and \
             time.monotonic() < deadline:
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)  # Ctrl-C: the running jobs finish and are written
+    proc.send_signal(signal.SIGINT if who.is_root else signal.SIGTERM)  # both stop it cleanly
     _, err = proc.communicate(timeout=120)
     first = {r["id"] for r in results(out)}
     assert 3 <= len(first) < len(names), err

@@ -430,10 +430,21 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM stops like Ctrl-C: no new job starts, the running ones finish and are written."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def cmd_batch(args: argparse.Namespace) -> int:
     from .batch import run_batch
     from .engines import engine_for
 
+    _stop_on_sigterm()
     workers = int(_count(args.workers, "--workers", int)) if args.workers else None
     retries = None
     if args.retries is not None:
