@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
@@ -28,7 +29,7 @@ from .errors import UsageError
 from .request import RunRequest
 from .result import RunResult
 
-__all__ = ["Results", "Tally", "jobs", "run_batch"]
+__all__ = ["Results", "Tally", "add_arguments", "jobs", "main", "run_batch"]
 
 MAX_LINE = 128 << 20  # one job's line: 64 MiB of files, base64-encoded, and some room
 PLAIN_EVERY_S = 5.0
@@ -242,3 +243,57 @@ def run_batch(jobs_path: str, out_path: str, engine: Engine, *, resume: bool = F
             source.close()
         print(tally.summary(), file=stream, flush=True)
     return tally
+
+
+def add_arguments(b: argparse.ArgumentParser) -> None:
+    """The options of ``corral batch``."""
+    b.usage = ("corral batch JOBS.jsonl -o RESULTS.jsonl [--workers N] [--engine local|ray] "
+               "[--address ADDR] [--resume]")
+    b.description = ("Run one request per line of JOBS.jsonl (see docs/requests.md), each in "
+                     "fresh sandboxes; write one result per line to RESULTS.jsonl as each "
+                     "finishes.  JOBS.jsonl '-' reads standard input.")
+    b.add_argument("jobs", metavar="JOBS.jsonl")
+    b.add_argument("-o", "--output", required=True, metavar="RESULTS.jsonl")
+    b.add_argument("--workers", metavar="N", help="runs at a time (default: two per core; "
+                   "with --engine ray: tasks in flight, default twice the cluster's CPUs)")
+    b.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: this machine; ray: a Ray cluster (corral[ray])")
+    b.add_argument("--address", metavar="ADDR", help="the Ray cluster to join (default: "
+                   "RAY_ADDRESS, else a new single-node Ray on this machine)")
+    b.add_argument("--retries", metavar="N", help="--engine ray: how often Ray runs a job "
+                   "again whose node or worker died (default 3)")
+    b.add_argument("--resume", action="store_true",
+                   help="continue an interrupted batch: skip the ids RESULTS.jsonl holds")
+    b.add_argument("--keep", action="store_true",
+                   help="keep each run's workspace and record under the runs directory")
+    b.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
+    b.add_argument("--quiet", action="store_true", help="no progress display, only the summary")
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM stops like Ctrl-C: no new job starts, the running ones finish and are written."""
+    import signal
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def main(args: argparse.Namespace) -> int:
+    """``corral batch``, from its parsed options."""
+    from .cli import _count
+    from .engines import engine_for
+
+    _stop_on_sigterm()
+    workers = int(_count(args.workers, "--workers", int)) if args.workers else None
+    retries = None
+    if args.retries is not None:
+        retries = int(args.retries) if args.retries.isdigit() else -1
+        if retries < 0:
+            raise UsageError(f"--retries {args.retries!r} is not a count", "",
+                             "write it like --retries 3, or 0 for none")
+    engine = engine_for(args.engine, workers=workers, address=args.address,
+                        runs_dir=args.runs_dir, keep=args.keep, retries=retries)
+    run_batch(args.jobs, args.output, engine, resume=args.resume, quiet=args.quiet)
+    return 0

@@ -150,51 +150,15 @@ def _probe_parser(p: argparse.ArgumentParser) -> None:
 
 
 def _batch_parser(b: argparse.ArgumentParser) -> None:
-    b.usage = ("corral batch JOBS.jsonl -o RESULTS.jsonl [--workers N] [--engine local|ray] "
-               "[--address ADDR] [--resume]")
-    b.description = ("Run one request per line of JOBS.jsonl (see docs/requests.md), each in "
-                     "fresh sandboxes; write one result per line to RESULTS.jsonl as each "
-                     "finishes.  JOBS.jsonl '-' reads standard input.")
-    b.add_argument("jobs", metavar="JOBS.jsonl")
-    b.add_argument("-o", "--output", required=True, metavar="RESULTS.jsonl")
-    b.add_argument("--workers", metavar="N", help="runs at a time (default: two per core; "
-                   "with --engine ray: tasks in flight, default twice the cluster's CPUs)")
-    b.add_argument("--engine", choices=("local", "ray"), default="local",
-                   help="local: this machine; ray: a Ray cluster (corral[ray])")
-    b.add_argument("--address", metavar="ADDR", help="the Ray cluster to join (default: "
-                   "RAY_ADDRESS, else a new single-node Ray on this machine)")
-    b.add_argument("--retries", metavar="N", help="--engine ray: how often Ray runs a job "
-                   "again whose node or worker died (default 3)")
-    b.add_argument("--resume", action="store_true",
-                   help="continue an interrupted batch: skip the ids RESULTS.jsonl holds")
-    b.add_argument("--keep", action="store_true",
-                   help="keep each run's workspace and record under the runs directory")
-    b.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
-    b.add_argument("--quiet", action="store_true", help="no progress display, only the summary")
+    from .batch import add_arguments
+
+    add_arguments(b)
 
 
 def _serve_parser(s: argparse.ArgumentParser) -> None:
-    s.usage = "corral serve [--host ADDR] [--port N] [--workers N] [--token-file FILE] ..."
-    s.description = ("Serve requests over HTTP: POST /run_code and /run_code/batch "
-                     "(SandboxFusion's API), POST /v1/runs (corral's RunRequest), GET /healthz "
-                     "and /metrics.  Needs corral[serve].  See docs/serve.md.")
-    s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
-                   "any other needs --token-file)")
-    s.add_argument("--port", default="8080", metavar="N")
-    s.add_argument("--workers", metavar="N", help="runs at once (default: two per core)")
-    s.add_argument("--queue", default="256", metavar="N",
-                   help="requests that may wait beyond those (default 256); more get 429")
-    s.add_argument("--token-file", metavar="FILE", help="clients must send "
-                   "'Authorization: Bearer TOKEN' with the token in FILE")
-    s.add_argument("--max-timeout", default="60", metavar="SECONDS",
-                   help="the longest run (and compile step) a request may ask for")
-    s.add_argument("--max-memory", default="2G", metavar="SIZE")
-    s.add_argument("--max-output", default="8M", metavar="SIZE",
-                   help="captured stdout and stderr of one run, each")
-    s.add_argument("--max-body", default="32M", metavar="SIZE", help="one request's body")
-    s.add_argument("--allow-domain", metavar="NAME", action="append", default=[],
-                   help="a name requests may ask to reach (repeatable; default: none)")
-    s.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
+    from .serve import add_arguments
+
+    add_arguments(s)
 
 
 def _doctor_parser(d: argparse.ArgumentParser) -> None:
@@ -430,65 +394,6 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM stops like Ctrl-C: no new job starts, the running ones finish and are written."""
-    import signal
-
-    def stop(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stop)
-
-
-def cmd_batch(args: argparse.Namespace) -> int:
-    from .batch import run_batch
-    from .engines import engine_for
-
-    _stop_on_sigterm()
-    workers = int(_count(args.workers, "--workers", int)) if args.workers else None
-    retries = None
-    if args.retries is not None:
-        retries = int(args.retries) if args.retries.isdigit() else -1
-        if retries < 0:
-            raise UsageError(f"--retries {args.retries!r} is not a count", "",
-                             "write it like --retries 3, or 0 for none")
-    engine = engine_for(args.engine, workers=workers, address=args.address,
-                        runs_dir=args.runs_dir, keep=args.keep, retries=retries)
-    run_batch(args.jobs, args.output, engine, resume=args.resume, quiet=args.quiet)
-    return 0
-
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    from dataclasses import replace as with_
-
-    from .engines.local import default_workers
-    from .policy import parse_duration, parse_size
-    from .serve import Caps, Config, serve
-
-    token = None
-    if args.token_file:
-        try:
-            with open(args.token_file) as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise UsageError(f"cannot read {args.token_file}", e.strerror or str(e),
-                             "give a file holding the token") from None
-    longest = parse_duration(args.max_timeout, "--max-timeout")
-    caps = with_(Caps(), timeout_s=longest, compile_timeout_s=longest,
-                 memory_bytes=parse_size(args.max_memory, "--max-memory"),
-                 output_bytes=parse_size(args.max_output, "--max-output"))
-    config = Config(host=args.host, port=int(_count(args.port, "--port", int)),
-                    workers=int(_count(args.workers, "--workers", int)) if args.workers
-                    else default_workers(), queue=int(args.queue) if args.queue.isdigit()
-                    else -1, token=token, caps=caps,
-                    max_body=parse_size(args.max_body, "--max-body"),
-                    allow_domains=tuple(args.allow_domain), runs_dir=args.runs_dir)
-    print(f"corral: serving on http://{args.host}:{config.port} "
-          f"({config.workers} at once, {config.queue} queued)", file=sys.stderr, flush=True)
-    serve(config)
-    return 0
-
-
 def cmd_delegate(args: argparse.Namespace) -> int:
     from .cgroups import delegate
     from .host import detect
@@ -520,9 +425,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         elif args.verb == "probe" and not cmd:
             code = cmd_probe(args)
         elif args.verb == "batch" and not cmd:
-            code = cmd_batch(args)
+            from .batch import main as batch
+
+            code = batch(args)
         elif args.verb == "serve" and not cmd:
-            code = cmd_serve(args)
+            from .serve import main as serve
+
+            code = serve(args)
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
