@@ -224,6 +224,17 @@ def ray_section(jobs: int, runs: str) -> str:
             + table(["nodes", "nodes used", "runs/s"], rows))
 
 
+READING = """
+Reading these figures: the load above is the machine's, shared with other sessions' test
+runs; the same script on the same machine gave figures up to 3x apart from one run to the
+next, so compare the columns of one run, not runs with each other. The gap between a corral
+pool and the raw pool is corral's own launch (issue 12: cgroups, the init, the record), which
+every engine pays through the one launcher and gains from when it gets faster; the first
+table is what the request layer adds on top of it (staging, its run directory, removal).
+A second Ray node on the same two cores adds scheduling, not CPU.
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
@@ -240,6 +251,7 @@ def main() -> None:
     text = (f"## Scale (`bench/scale.py`, {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, "
             f"load {load:.1f} at the end, {'root' if os.geteuid() == 0 else 'user'})\n\n"
             + "\n".join(parts))
+    text += READING
     print(text)
     if args.write:
         write_section("scale.py", text)
