@@ -59,7 +59,9 @@ class RayEngine:
         quiet: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                  "logging_level": logging.WARNING, "configure_logging": False}
         try:
-            ray.init(address=self.address,
+            # No address: a new Ray of its own ("local"), never whatever cluster happens to
+            # be running on this machine (Ray's own default would join it).
+            ray.init(address=self.address or "local",
                      _node_ip_address="127.0.0.1" if self.here else None, **quiet)
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UsageError(f"cannot join the Ray cluster at {self.address or 'a new local'}",
