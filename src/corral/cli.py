@@ -109,6 +109,9 @@ def _agent_parser(a: argparse.ArgumentParser) -> None:
     _common(a, "claude, codex, pi, aider, gemini, generic, or a TOML file "
                "(default: from AGENT's name)")
     _agent_options(a)
+    a.add_argument("--import-state", action="store_true",
+                   help="copy the agent's settings from your real state folder into corral's "
+                   "private copy again (done by itself on first use)")
 
 
 def _shell_parser(s: argparse.ArgumentParser) -> None:
@@ -357,16 +360,19 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
         print("\n".join(dry_run_lines(sb, detect().require_bwrap())))
         return 0
 
-    def announce(sb: Any) -> None:
+    def announce(sb: Any, layout: Any) -> None:
         if args.verb != "agent":
             return
+        for note in layout.notes:
+            print(f"corral: {note}", file=sys.stderr)
         print(note_environment(sb), file=sys.stderr)
         allowed = policy.network.allow
         print("corral: network: " + (f"only {', '.join(allowed)}, through corral's proxy"
                                      if allowed else "none"), file=sys.stderr)
 
     result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
-                           record=args.verb == "agent", announce=announce)
+                           record=args.verb == "agent", announce=announce,
+                           import_state=getattr(args, "import_state", False))
     for note in result.notes:
         print(f"corral: warning: {note}", file=sys.stderr)
     if result.unenforced_limits:

@@ -323,6 +323,35 @@ class Tree:
             st = self.mkdir("/".join(parts[:i + 1]), mode)
         return st
 
+    def write(self, rel: str, data: bytes, mode: int = 0o600) -> None:
+        """Replace the file ``rel`` with ``data``, as the owner, atomically.
+
+        Written to a fresh name beside it (``O_EXCL``: never an existing file or a link's
+        target), then renamed over ``rel`` through the parent's descriptor: whatever was
+        at ``rel`` (a link included) is replaced, never followed.
+        """
+        *parents, name = split(rel)
+        parent = self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY)
+        temp = f".corral-{os.urandom(6).hex()}"
+        try:
+            with acting_as(self.owner):
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, mode, dir_fd=parent)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+                try:
+                    os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+                except OSError:
+                    os.unlink(temp, dir_fd=parent)
+                    raise
+        finally:
+            os.close(parent)
+
     def unlink(self, rel: str) -> None:
         """Remove the non-directory ``rel`` (a link itself, never its target)."""
         *parents, name = split(rel)
