@@ -15,18 +15,15 @@ from __future__ import annotations
 import base64
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
+from agents_util import AGENTS, Agent, agents_for
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from agent_lab import Lab  # noqa: E402
-from agents_util import AGENTS, Agent, agents_for  # noqa: E402
-from conftest import Identity  # noqa: E402
-from egress_util import Origin  # noqa: E402
-from fake_model import FakeModel  # noqa: E402
+from agent_lab import Lab
+from conftest import Identity
+from egress_util import Origin
+from fake_model import FakeModel
 
 pytestmark = pytest.mark.sandbox
 STORE = ".local/state/corral/agents"
