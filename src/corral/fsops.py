@@ -36,7 +36,7 @@ import threading
 from collections.abc import Iterator
 from types import TracebackType
 
-__all__ = ["Tree", "acting_as", "open_beneath", "split"]
+__all__ = ["Tree", "acting_as", "open_beneath", "remove_tree", "split"]
 
 # openat2(2): include/uapi/linux/openat2.h; the number is the same on every architecture.
 SYS_OPENAT2 = 437
@@ -392,3 +392,105 @@ class Tree:
             return os.fstat(handle)
         finally:
             os.close(handle)
+
+
+REMOVE_DEPTH = 64  # directories open at once while removing; deeper ones are moved up first
+
+
+def remove_tree(path: str) -> None:
+    """Remove ``path`` and everything beneath it, never following a symbolic link.
+
+    For a tree whose payload is gone (a finished run's directory): its parent must be the
+    launcher's own.  Descriptors, not names, lead the walk; a directory the payload made
+    unreadable or unwritable is given back its owner's rights (it is the owner's: the
+    payload ran as them) before it is emptied; a tree deeper than REMOVE_DEPTH is
+    flattened, its deep directories moved up to the top under fresh names, so the walk
+    never holds more than REMOVE_DEPTH descriptors.  Whatever cannot be removed stays.
+    """
+    parent, name = os.path.split(os.path.abspath(path))
+    pfd = os.open(parent, DIR_FLAGS)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            _remove_entry(pfd, name)
+    finally:
+        os.close(pfd)
+
+
+def _remove_entry(parent: int, name: str) -> None:
+    if _unlinked(parent, name):
+        return
+    top = _open_dir(parent, name)
+    try:
+        _empty(top)
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=parent)
+
+
+def _open_dir(parent: int, name: str) -> int:
+    """Directory ``name`` of ``parent``, readable and writable by us (its owner or root)."""
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    except PermissionError:
+        handle = os.open(name, PATH_FLAGS | os.O_DIRECTORY, dir_fd=parent)
+        try:
+            os.chmod(f"/proc/self/fd/{handle}", 0o700)
+        finally:
+            os.close(handle)
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+    st = os.fstat(fd)
+    if st.st_mode & 0o700 != 0o700 and os.geteuid() != 0:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o700)
+    return fd
+
+
+def _empty(top: int) -> None:
+    """Remove everything beneath the directory ``top``, depth first, by descriptors."""
+    # Each frame: a directory's descriptor, the names left in it, its name in its parent.
+    stack: list[tuple[int, Iterator[str], str]] = [(top, iter(os.listdir(top)), "")]
+    try:
+        while stack:
+            fd, names, here = stack[-1]
+            name = next(names, None)
+            if name is None:
+                stack.pop()
+                if stack:  # an emptied subdirectory: close it, remove it from its parent
+                    os.close(fd)
+                    with contextlib.suppress(OSError):
+                        os.rmdir(here, dir_fd=stack[-1][0])
+                continue
+            if _unlinked(fd, name):
+                continue
+            if len(stack) >= REMOVE_DEPTH:
+                fresh = f".corral-deep-{os.urandom(6).hex()}"
+                with contextlib.suppress(OSError):
+                    os.rename(name, fresh, src_dir_fd=fd, dst_dir_fd=top)
+                    stack[0] = (top, _chain([fresh], stack[0][1]), "")
+                continue
+            try:
+                sub = _open_dir(fd, name)
+            except OSError:
+                continue  # neither removable nor a directory we may enter: it stays
+            stack.append((sub, iter(os.listdir(sub)), name))
+    finally:
+        for fd, _, _ in stack[1:]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _unlinked(dirfd: int, name: str) -> bool:
+    """Whether ``name`` is gone: unlinked now, or missing already; False for a directory."""
+    try:
+        os.unlink(name, dir_fd=dirfd)
+    except FileNotFoundError:
+        return True
+    except (IsADirectoryError, PermissionError):
+        return False  # a directory: Linux says EISDIR, or EPERM
+    return True
+
+
+def _chain(first: list[str], rest: Iterator[str]) -> Iterator[str]:
+    yield from first
+    yield from rest
