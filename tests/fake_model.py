@@ -4,8 +4,8 @@ It answers the Anthropic Messages API (``/v1/messages``, streaming or not), the 
 Responses API (``/v1/responses``) and Chat Completions (``/v1/chat/completions``), and
 Gemini's ``generateContent`` and ``streamGenerateContent``.  Its script is one turn of an
 agent loop: a request that offers a shell tool, and does not yet carry a tool result, is
-answered with a call of that tool running :attr:`FakeModel.command`; a request carrying a
-tool result is answered with the text ``DONE``; anything else (title generation, checks)
+answered with a call of that tool running the next of :attr:`FakeModel.commands`; once
+they have all run, with the text ``DONE``; anything else (title generation, checks)
 with a short text.  Every request body is kept, so a test can check what the model saw.
 """
 
@@ -26,8 +26,8 @@ SHELL_TOOLS = ("Bash", "bash", "shell", "shell_command", "exec_command", "run_sh
 class FakeModel:
     """The server; use as a context manager.  ``port`` is where it listens."""
 
-    def __init__(self, command: str) -> None:
-        self.command = command
+    def __init__(self, *commands: str) -> None:
+        self.commands = commands  # one tool call each, in turn
         self.requests: list[dict[str, Any]] = []  # {"path": ..., "body": ...}
         self.tool_calls = 0
         self.tool_results: list[str] = []
@@ -62,19 +62,19 @@ class FakeModel:
         with self.lock:
             if result is not None:
                 self.tool_results.append(result)
-                return None
             shell = next(((n, s) for n, s in tools if n in SHELL_TOOLS), None)
-            if shell is None:
+            if shell is None or self.tool_calls >= len(self.commands):
                 return None
+            command = self.commands[self.tool_calls]
             self.tool_calls += 1
         name, schema = shell
         props = schema.get("properties", {}) if isinstance(schema, dict) else {}
         if "cmd" in props:
-            args: dict[str, Any] = {"cmd": self.command}
+            args: dict[str, Any] = {"cmd": command}
         elif props.get("command", {}).get("type") == "array":
-            args = {"command": ["bash", "-lc", self.command]}
+            args = {"command": ["bash", "-lc", command]}
         else:
-            args = {"command": self.command}
+            args = {"command": command}
         if "description" in props:
             args["description"] = "run the test command"
         return name, args

@@ -22,7 +22,7 @@ from .errors import CorralError, UsageError
 SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
        corral agent [options] -- AGENT [ARG...]
-       corral shell [options] (-c CMD | -- ARGV...)
+       corral shell [options] ([-l] -c CMD | --prefix STRING | -- ARGV...)
        corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
        corral doctor [--json]
        corral delegate --user NAME [--undo]"""
@@ -115,7 +115,7 @@ def _agent_parser(a: argparse.ArgumentParser) -> None:
 
 
 def _shell_parser(s: argparse.ArgumentParser) -> None:
-    s.usage = "corral shell [options] (-c CMD | -- ARGV...)"
+    s.usage = "corral shell [options] ([-l] -c CMD | --prefix STRING | -- ARGV...)"
     s.description = ("Run CMD with /bin/bash -c (or /bin/sh), or ARGV as given, in this "
                      "project directory, with the same filesystem rules as corral agent and no "
                      "network unless --allow-domain: per-command isolation for agents that let "
@@ -123,6 +123,12 @@ def _shell_parser(s: argparse.ArgumentParser) -> None:
     _common(s, "generic (default), an agent's profile, or a TOML file")
     _agent_options(s)
     s.add_argument("-c", dest="command", metavar="CMD", help="the command, run by the shell")
+    s.add_argument("-l", dest="login", action="store_true",
+                   help="a login shell, like bash -l (also -lc CMD)")
+    s.add_argument("--prefix", action="store_true",
+                   help="as Claude Code's CLAUDE_CODE_SHELL_PREFIX: run the one argument "
+                   "that follows, Claude's whole command string (see docs/agents.md)")
+    s.add_argument("words", nargs="*", help=argparse.SUPPRESS)
 
 
 def _relaxations() -> tuple[str, ...]:
@@ -176,6 +182,9 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 def _parser(verb: str | None) -> Parser:
     parser = Parser(prog="corral", usage=USAGE,
                     description="Sandbox AI coding agents and the scripts they write.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"corral {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
     for name, (help_text, fill) in VERBS.items():
         p = sub.add_parser(name, help=help_text)
@@ -328,15 +337,9 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
     from .host import detect
     from .launch import dry_run_lines
 
+    writable_files: tuple[str, ...] = ()
     if args.verb == "shell":
-        if (args.command is None) == (not cmd):
-            raise UsageError("corral shell needs exactly one command",
-                             "give it with -c CMD, or as ARGV after --",
-                             "write it like: corral shell -c 'make test'")
-        if args.command is not None:
-            shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-            cmd = [shell, "-c", args.command]
-        policy = _policy(args, "generic")
+        cmd, policy, writable_files = _shell_command(args, cmd)
     else:
         if not cmd:
             raise UsageError("no agent given", "corral agent runs the command after --",
@@ -362,6 +365,10 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
         print("corral: network: " + (f"only {', '.join(allowed)}, through corral's proxy"
                                      if allowed else "none"), file=sys.stderr)
 
+    if writable_files:
+        from .agent.shell import prepare
+
+        prepare(writable_files, _owner_if_root(policy, project))
     result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
                            record=args.verb == "agent", announce=announce,
                            import_state=getattr(args, "import_state", False))
@@ -373,6 +380,39 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
     if (ending := _ending(result, policy)) is not None:
         print(ending, file=sys.stderr)
     return result.exit_code
+
+
+def _shell_command(args: argparse.Namespace, cmd: list[str]
+                   ) -> tuple[list[str], Any, tuple[str, ...]]:
+    """corral shell's argv and policy; the files to create before it runs (--prefix)."""
+    from .agent import shell
+
+    given = [args.command is not None, bool(cmd), args.prefix]
+    if sum(given) != 1 or (args.words and not args.prefix):
+        raise UsageError("corral shell needs exactly one command",
+                         "give it with -c CMD (or -lc CMD), --prefix STRING, or as ARGV "
+                         "after --", "write it like: corral shell -c 'make test'")
+    policy = _policy(args, "generic")
+    if args.prefix:
+        found = shell.from_prefix(args.words)
+        policy = replace(policy, read_only=policy.read_only + found.read_only,
+                         writable=policy.writable + found.writable_files)
+        return found.argv, policy, found.writable_files
+    if args.command is not None:
+        return shell.shell_argv(args.command, args.login), policy, ()
+    return cmd, policy, ()
+
+
+def _owner_if_root(policy: Any, project: str) -> tuple[int, int] | None:
+    """Started by root: who the command will run as (the project's owner, or --user)."""
+    from .agent import identity
+    from .host import detect
+
+    facts = detect()
+    if not facts.is_root:
+        return None
+    uid, gid, _, _ = identity(os.path.realpath(project), facts, policy)
+    return uid, gid
 
 
 def cmd_probe(args: argparse.Namespace) -> int:
@@ -432,6 +472,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         code = _reader_gone()
     sys.exit(code)
+
+
+def prefix_main() -> NoReturn:
+    """``corral-prefix STRING``: ``corral shell --prefix STRING``, as one program name.
+
+    Claude Code takes everything in ``CLAUDE_CODE_SHELL_PREFIX`` but its last word as the
+    program's path, so a prefix of more than two words cannot be given there.
+    """
+    main(["shell", "--prefix", *sys.argv[1:]])
 
 
 def _reader_gone() -> int:

@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 
 import pytest
-from agents_util import AGENTS, Agent, agents_for
 
 from agent_lab import Lab
+from agents_util import AGENTS, Agent, agents_for
 from conftest import Identity
 from egress_util import Origin
 from fake_model import FakeModel

@@ -48,7 +48,8 @@ from ..host import HostFacts
 from ..policy import Policy, passed
 from . import state
 
-__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "profile_for", "resolve_agent"]
+__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "identity", "profile_for",
+           "resolve_agent"]
 
 # Emptied for every agent: daemons' sockets live under /run; /tmp holds other programs'
 # sockets and files; homes hold credentials; removable and network mounts hold anything.
@@ -157,7 +158,7 @@ def profile_for(argv: Sequence[str]) -> str:
     return AGENT_PROFILES.get(os.path.basename(argv[0]) if argv else "", "generic")
 
 
-def _identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
+def identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
     """uid, gid, user name and home of the agent.  Started by root: the project's owner."""
     uid, gid, user, home = _who(project, host, policy)
     if policy.home is not None:
@@ -344,7 +345,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     disable_userns = resolve.check_host(policy, host)
     # The launcher's own home first, then (started by root) the agent's.
     guard.check_writable_root(project, "project", home=os.path.expanduser("~"))
-    uid, gid, user, home = _identity(os.path.realpath(project), host, policy)
+    uid, gid, user, home = identity(os.path.realpath(project), host, policy)
     project = guard.check_writable_root(project, "project", home=home)
     hidden = _hidden_trees(home, policy, project)
     search = os.environ.get("PATH", os.defpath)
