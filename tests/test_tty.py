@@ -1,0 +1,230 @@
+"""The user's terminal stays the user's (corral.tty), in a real terminal: tmux.
+
+Each test types into a tmux pane whose shell (as root, or as the test user) starts corral,
+and reads the screen back.  The controls run the same payload the way corral did before
+this protection: bwrap with ``--new-session`` and the user's terminal passed through.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from agent_lab import Lab
+from conftest import IS_ROOT, Identity, need
+
+pytestmark = pytest.mark.sandbox
+WAIT_S = 60.0  # generous: a loaded two-core machine
+
+
+class Pane:
+    """One tmux session on a private server socket, running an interactive shell."""
+
+    def __init__(self, who: Identity, cwd: Path) -> None:
+        need(shutil.which("tmux") is not None, "tmux is not installed")
+        self.socket = str(who.tmp / f"tmux-{uuid.uuid4().hex[:6]}")
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in who.environ().items())
+        run_as = "" if who.uid == os.geteuid() else \
+            f"setpriv --reuid={who.uid} --regid={who.gid} --clear-groups -- "
+        shell = f"{run_as}env -i {env} TERM=screen PS1='host$ ' bash --norc --noprofile -i"
+        self.tmux("new-session", "-d", "-s", "t", "-x", "150", "-y", "40", "-c", str(cwd),
+                  shell)
+        self.wait(lambda s: "host$" in s)
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-S", self.socket, *args], capture_output=True,
+                              text=True, check=True, timeout=30).stdout
+
+    def keys(self, *keys: str) -> None:
+        self.tmux("send-keys", "-t", "t", *keys)
+
+    def line(self, text: str) -> None:
+        self.tmux("send-keys", "-t", "t", "-l", text)
+        self.keys("Enter")
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "t")
+
+    def wait(self, done: Callable[[str], bool], timeout: float = WAIT_S) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.screen()
+            if done(text):
+                return text
+            time.sleep(0.2)
+        raise AssertionError(f"the screen never showed it:\n{self.screen()}")
+
+    def holders(self) -> list[int]:
+        """Processes in another PID namespace (a sandbox) that hold this pane's terminal."""
+        tty = self.tmux("display", "-p", "-t", "t", "#{pane_tty}").strip()
+        mine = os.readlink("/proc/self/ns/pid")
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.readlink(f"/proc/{pid}/ns/pid") == mine:
+                    continue
+                if any(os.readlink(f"/proc/{pid}/fd/{fd}") == tty for fd in (0, 1, 2)):
+                    found.append(int(pid))
+            except OSError:
+                continue
+        return found
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-S", self.socket, "kill-server"], capture_output=True)
+
+
+@pytest.fixture
+def pane(who: Identity, lab: Lab) -> Iterator[Pane]:
+    if IS_ROOT and not who.is_root:
+        os.chmod(who.tmp, 0o755)
+    p = Pane(who, lab.project)
+    yield p
+    p.close()
+
+
+def _corral(who: Identity, *args: str) -> str:
+    return shlex.join([*who.prefix()[-1:], "-m", "corral", *args])
+
+
+def _naive(lab: Lab, script: str) -> str:
+    """The payload the way corral ran it before: the user's terminal passed through."""
+    here = str(lab.project)
+    return shlex.join(["bwrap", "--ro-bind", "/", "/", "--bind", here, here, "--unshare-pid",
+                       "--dev", "/dev", "--proc", "/proc", "--new-session",
+                       "--die-with-parent", "--chdir", here, "--", "/bin/sh", "-c", script])
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _until(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+LOOP = ("(while :; do date +%s%N >> beat; sleep 0.1; done) & "
+        "while read -r l; do echo \"$l\" >> typed; done")
+
+
+def _suspend_and_type(pane: Pane, lab: Lab, start: str) -> tuple[str, bool, list[int]]:
+    """Start the loop, suspend it with ^Z, type to the shell.  Returns what the payload
+    read, whether its heartbeat went on while suspended, and the sandbox's processes that
+    hold the user's terminal."""
+    typed, beat = lab.project / "typed", lab.project / "beat"
+    pane.line(start)
+    _until(lambda: _lines(beat) > 2, "the payload never started")
+    pane.line("line-before")
+    _until(lambda: "line-before" in (typed.read_text() if typed.exists() else ""),
+           "the payload never read its own input")
+    pane.keys("C-z")
+    pane.wait(lambda s: "Stopped" in s)
+    time.sleep(1)
+    count = _lines(beat)
+    holders = pane.holders()
+    pane.line("sleep 3")
+    time.sleep(0.5)
+    pane.line("echo typed-to-my-shell")
+    time.sleep(4)
+    running = _lines(beat) > count + 3
+    return typed.read_text(), running, holders
+
+
+def test_ctrl_z_freezes_the_run_and_it_reads_nothing_typed_to_the_shell(
+        who: Identity, lab: Lab, pane: Pane) -> None:
+    lab.own(lab.project)
+    read, running, holders = _suspend_and_type(pane, lab, _corral(who, "agent", "--",
+                                                                  "/bin/sh", "-c", LOOP))
+    assert "typed-to-my-shell" not in read and not running and not holders, (read, holders)
+    pane.wait(lambda s: s.count("typed-to-my-shell") >= 2)  # the shell got the line
+    pane.line("fg")
+    time.sleep(1)
+    pane.line("line-after")
+    _until(lambda: "line-after" in (lab.project / "typed").read_text(), "fg did not resume")
+    count = _lines(lab.project / "beat")
+    _until(lambda: _lines(lab.project / "beat") > count + 3, "the run stayed frozen")
+    pane.keys("C-c")  # ^C reaches the payload through corral's terminal
+    pane.wait(lambda s: s.rstrip().endswith("host$"))
+    # Control: bwrap alone, the terminal passed through: the sandbox runs on, holding the
+    # user's terminal (what it then reads of the lines typed to the shell is a race).
+    for name in ("typed", "beat"):
+        (lab.project / name).unlink()
+    _, running, holders = _suspend_and_type(pane, lab, _naive(lab, LOOP))
+    assert running and holders
+
+
+# Its own terminal is dead after this, so it says what happened in a file.
+SETD = ("import fcntl, struct, sys\n"
+        "try:\n"
+        "    fcntl.ioctl(0, 0x5423, struct.pack('i', 27))  # TIOCSETD, N_NULL\n"
+        "    said = 'SETD-DONE'\n"
+        "except OSError as e:\n"
+        "    said = f'SETD-REFUSED {e}'\n"
+        "open(sys.argv[1], 'w').write(said)\n")
+
+
+def test_a_payload_that_kills_its_terminal_leaves_the_users_working(
+        who: Identity, lab: Lab, pane: Pane) -> None:
+    script = lab.project / "setd.py"
+    script.write_text(SETD)
+    lab.own(script)
+    said = lab.project / "setd.out"
+    pane.line(_corral(who, "shell", "--", "/usr/bin/python3", str(script), str(said)))
+    _until(said.exists, "the payload never ran")
+    assert said.read_text() == "SETD-DONE"  # it did it, to corral's terminal
+    pane.line("echo alive-$((2+3)); stty -a | grep -o -- '-\\?icanon'")
+    text = pane.wait(lambda s: "alive-5" in s)
+    assert "-icanon" not in text.split("alive-5")[-1]  # its modes restored, too
+    # Control: with the user's terminal passed through, the same ioctl kills it.
+    said.unlink()
+    pane.line(_naive(lab, f"/usr/bin/python3 {script} {said}"))
+    _until(said.exists, "the control never ran")
+    assert said.read_text() == "SETD-DONE"
+    pane.line("echo dead-$((3+4))")
+    time.sleep(3)
+    assert "dead-7" not in pane.screen()
+
+
+def test_the_terminal_is_restored_when_corral_is_killed(who: Identity, lab: Lab,
+                                                        pane: Pane) -> None:
+    marker = f"corral-tty-{uuid.uuid4().hex[:8]}"
+    pane.line(_corral(who, "shell", "-c", f"stty raw -echo; sleep 300; : {marker}"))
+    _until(lambda: _main_corral(marker) is not None, "corral never started")
+    time.sleep(2)
+    pid = _main_corral(marker)
+    assert pid is not None
+    os.kill(pid, 15)
+    pane.wait(lambda s: "host$" in s.split(marker)[-1])
+    pane.line("stty -a | grep -o -- '-\\?echo ' | head -1; echo done-$((1+1))")
+    text = pane.wait(lambda s: "done-2" in s)
+    assert "-echo " not in text.split("done-2")[0].split("stty -a")[-1]
+
+
+def _main_corral(marker: str) -> int | None:
+    """corral's own process for the run whose command line carries ``marker``."""
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    words = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"corral" in words and any(marker.encode() in w for w in words) \
+                    and b"bwrap" not in words[0]:
+                return int(entry)
+    return None
+
+
+def test_non_interactive_runs_keep_pipes(who: Identity, lab: Lab) -> None:
+    r = who.corral("shell", "-c", "test -t 0 || test -t 1 || echo PIPES", cwd=lab.project)
+    assert r.returncode == 0 and r.stdout == "PIPES\n", r
