@@ -54,11 +54,12 @@ def from_prefix(words: Sequence[str]) -> Command:
     string = words[0]
     snapshot = SNAPSHOT.match(string)
     cwd = CWD_FILE.search(string)
-    return Command(
-        shell_argv(string),
-        read_only=(snapshot.group(1),) if snapshot and os.path.isfile(snapshot.group(1))
-        else (),
-        writable_files=(cwd.group(1),) if cwd else ())
+    # Claude's own path, at the start of its string (the model's command comes later,
+    # quoted for eval); a link there is not followed onto something else.
+    shown = snapshot.group(1) if snapshot else ""
+    visible = shown and os.path.isfile(shown) and not os.path.islink(shown)
+    return Command(shell_argv(string), read_only=(shown,) if visible else (),
+                   writable_files=(cwd.group(1),) if cwd else ())
 
 
 def prepare(files: Sequence[str], owner: tuple[int, int] | None) -> None:
