@@ -252,3 +252,18 @@ def test_shell_prefix_runs_claudes_one_string_and_reports_its_directory(
 def test_version(who: Identity) -> None:
     r = who.corral("--version")
     assert r.returncode == 0 and r.stdout.startswith("corral 0.")
+
+
+def test_the_network_line_leaves_out_what_deny_removed(who: Identity, lab: Lab) -> None:
+    flags = ("--allow-domain", "origin.test", "--allow-domain", "gone.test",
+             "--allow-domain", "*.cdn.test")
+    r = agent(who, lab, "true", *flags, "--deny-domain", "gone.test",
+              "--deny-domain", "secret.cdn.test")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stderr.splitlines() if x.startswith("corral: network:"))
+    assert line == ("corral: network: only origin.test, *.cdn.test, through corral's proxy "
+                    "(never secret.cdn.test)")
+    # Control: without the deny rule the same name is listed.
+    ctl = agent(who, lab, "true", *flags)
+    assert "corral: network: only origin.test, gone.test, *.cdn.test, through corral's " \
+           "proxy" in ctl.stderr

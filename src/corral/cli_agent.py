@@ -9,7 +9,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from .cli import _ending, _env, _policy
+from .cli import _ending, _env, _policy, network_line
 from .errors import UsageError
 
 __all__ = ["cmd_agent"]
@@ -45,9 +45,7 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
         for note in layout.notes:
             print(f"corral: {note}", file=sys.stderr)
         print(note_environment(sb), file=sys.stderr)
-        allowed = policy.network.allow
-        print("corral: network: " + (f"only {', '.join(allowed)}, through corral's proxy"
-                                     if allowed else "none"), file=sys.stderr)
+        print(network_line(policy.network), file=sys.stderr)
 
     if writable_files:
         from .agent.shell import prepare
