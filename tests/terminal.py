@@ -25,7 +25,8 @@ class Pane:
         words = " ".join(f"{k}={shlex.quote(v)}" for k, v in who.environ(env).items())
         run_as = "" if who.uid == os.geteuid() else \
             f"setpriv --reuid={who.uid} --regid={who.gid} --clear-groups -- "
-        shell = f"{run_as}env -i TERM=screen {words} PS1='host$ ' bash --norc --noprofile -i"
+        shell = (f"{run_as}env -i TERM=screen {words} PS1='host$ ' HISTFILE= "
+                 "bash --norc --noprofile -i")
         self.tmux("new-session", "-d", "-s", "t", "-x", "150", "-y", "40", "-c", str(cwd),
                   shell)
         self.wait(lambda s: "host$" in s)

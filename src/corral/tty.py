@@ -104,7 +104,9 @@ class Terminal:
         self._enter()
 
     def fds(self) -> list[int]:
-        return [self.master, *([0] if self.ttys[0] else [])]
+        """The pty's output, and the user's keys (unless corral started in the background,
+        where reading them would stop it: ``corral ... &``)."""
+        return [self.master, *([0] if self.ttys[0] and not self._in_background() else [])]
 
     def ready(self, fd: int) -> bool:
         """Relay what ``fd`` has; False once the master has reached its end."""
