@@ -2,11 +2,12 @@
 
 It answers the Anthropic Messages API (``/v1/messages``, streaming or not), the OpenAI
 Responses API (``/v1/responses``) and Chat Completions (``/v1/chat/completions``), and
-Gemini's ``generateContent`` and ``streamGenerateContent``.  Its script is one turn of an
-agent loop: a request that offers a shell tool, and does not yet carry a tool result, is
-answered with a call of that tool running the next of :attr:`FakeModel.commands`; once
-they have all run, with the text ``DONE``; anything else (title generation, checks)
-with a short text.  Every request body is kept, so a test can check what the model saw.
+Gemini's ``generateContent`` and ``streamGenerateContent``.  Its script is an agent loop:
+each request that offers a shell tool is answered with a call of that tool running the
+next of :attr:`FakeModel.commands` (the tool result that comes back is kept); once they
+have all run, with the text ``DONE``.  Requests without a shell tool (titles) get
+``DONE`` too, and Gemini CLI's own JSON checks a value of the schema they ask for.  Every
+request body is kept, so a test can check what the model saw.
 """
 
 from __future__ import annotations

@@ -226,8 +226,18 @@ class Launch:
             if self.stdin_data is not None:
                 self._close(self.in_r)
         if self.terminal is not None:
-            v2 = self.cgroup.unique[0] if self.cgroup and self.cgroup.version == 2 else None
-            self.terminal.started(tty.Freezer(lambda: self.outcome.sandbox_pid, v2))
+            self.terminal.started(self._freezer())
+
+    def _freezer(self) -> tty.Freezer:
+        """What ^Z freezes the run with: its v2 cgroup, root's v1 freezer, or signals."""
+        v2 = self.cgroup.unique[0] if self.cgroup and self.cgroup.version == 2 else None
+        v1 = None
+        if v2 is None and os.geteuid() == 0:
+            from .host import detect
+
+            mount = detect().cgroups.v1_mount("freezer")
+            v1 = os.path.join(mount, "corral", f"tty-{os.urandom(6).hex()}") if mount else None
+        return tty.Freezer(lambda: self.outcome.sandbox_pid, v2, v1)
 
     def _close(self, fd: int) -> None:
         if fd in self.fds:

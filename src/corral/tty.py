@@ -189,7 +189,7 @@ class Terminal:
         """Restore the user's terminal and corral's signal handlers; close the pty."""
         self._leave()
         if self.freezer is not None:
-            self.freezer.thaw()  # a frozen run could never be killed and reaped
+            self.freezer.close()  # a frozen run could never be killed and reaped
         for sig, handler in self.old_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
                 signal.signal(sig, handler)  # type: ignore[arg-type]
@@ -213,24 +213,30 @@ def _write_all(fd: int, data: bytes) -> None:
 class Freezer:
     """Stops every process of a sandbox and starts them again.
 
-    With the run's cgroup v2 directory: its ``cgroup.freeze``.  Otherwise every process in
-    the sandbox's PID namespace (found from the sandbox's PID 1) gets SIGSTOP, pass after
-    pass until a pass finds none still running (a stopped process cannot fork), and
-    SIGCONT on :meth:`thaw`.
+    With the run's cgroup v2 directory: its ``cgroup.freeze``.  Started by root on a host
+    with the cgroup v1 freezer (``v1_dir``: a cgroup to make there for this run): every
+    process of the sandbox's PID namespace is moved into it, pass after pass until none
+    is left outside (a child forked inside stays inside), and the cgroup is FROZEN at
+    once.  Otherwise (a plain user, who has no freezer of their own) every process of the
+    namespace gets SIGSTOP, pass after pass until none still runs (a stopped process
+    cannot fork), and SIGCONT on :meth:`thaw`.
     """
 
-    def __init__(self, pid1: Callable[[], int | None], v2_dir: str | None = None) -> None:
+    def __init__(self, pid1: Callable[[], int | None], v2_dir: str | None = None,
+                 v1_dir: str | None = None) -> None:
         self.pid1 = pid1
         self.v2_dir = v2_dir
+        self.v1_dir = v1_dir
+        self.v1_made = False
         self.stopped: list[int] = []
         self.frozen = False
 
     def freeze(self) -> None:
-        if self.v2_dir is not None and self._v2("1"):
-            self.frozen = True
+        self.frozen = True
+        if self.v2_dir is not None and _write(self.v2_dir, "cgroup.freeze", "1"):
             return
         pid1 = self.pid1()
-        if pid1 is None:
+        if pid1 is None or (self.v1_dir is not None and self._v1_freeze(pid1)):
             return
         deadline = time.monotonic() + FREEZE_WAIT_S
         while time.monotonic() < deadline:
@@ -242,25 +248,80 @@ class Freezer:
                 if pid not in self.stopped:
                     self.stopped.append(pid)
             time.sleep(0.005)
-        self.frozen = True
+
+    def _v1_freeze(self, pid1: int) -> bool:
+        assert self.v1_dir is not None
+        try:
+            os.makedirs(self.v1_dir, 0o755, exist_ok=True)
+        except OSError:
+            return False
+        self.v1_made = True
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        while time.monotonic() < deadline:
+            inside = set(_pids(self.v1_dir))
+            outside = [p for p in members(pid1) if p not in inside]
+            if not outside:
+                break
+            for pid in outside:
+                _write(self.v1_dir, "cgroup.procs", str(pid))  # gone meanwhile: ESRCH
+        if not _write(self.v1_dir, "freezer.state", "FROZEN"):
+            return False
+        while time.monotonic() < deadline and _read(self.v1_dir, "freezer.state") != "FROZEN":
+            time.sleep(0.005)
+        return True
 
     def thaw(self) -> None:
         if not self.frozen:
             return
         if self.v2_dir is not None:
-            self._v2("0")
+            _write(self.v2_dir, "cgroup.freeze", "0")
+        if self.v1_made and self.v1_dir is not None:
+            _write(self.v1_dir, "freezer.state", "THAWED")
         for pid in self.stopped:
             _signal(pid, signal.SIGCONT)
         self.stopped.clear()
         self.frozen = False
 
-    def _v2(self, value: str) -> bool:
-        try:
-            with open(os.path.join(self.v2_dir or "", "cgroup.freeze"), "w") as f:
-                f.write(value)
-        except OSError:
-            return False
+    def close(self) -> None:
+        """Thaw, and remove the v1 cgroup once the run's processes are gone."""
+        self.thaw()
+        if not self.v1_made or self.v1_dir is None:
+            return
+        deadline = time.monotonic() + FREEZE_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                os.rmdir(self.v1_dir)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:  # EBUSY while the last processes exit
+                time.sleep(0.01)
+
+
+def _write(cgroup: str, name: str, value: str) -> bool:
+    try:
+        fd = os.open(os.path.join(cgroup, name), os.O_WRONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.write(fd, value.encode())
         return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def _read(cgroup: str, name: str) -> str:
+    try:
+        with open(os.path.join(cgroup, name)) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pids(cgroup: str) -> list[int]:
+    return [int(p) for p in _read(cgroup, "cgroup.procs").split() if p.isdigit()]
 
 
 def members(pid1: int) -> list[int]:
