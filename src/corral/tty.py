@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .errors import LaunchError
+
 __all__ = ["Freezer", "Terminal"]
 
 CHUNK = 1 << 16
@@ -82,7 +84,14 @@ class Terminal:
         """A pty for the launch when corral's descriptors 0 (if ``stdin``: it is not
         replaced by a pipe), 1 or 2 are a terminal; else None."""
         ttys = (stdin and os.isatty(0), os.isatty(1), os.isatty(2))
-        return cls(ttys) if any(ttys) else None
+        if not any(ttys):
+            return None
+        try:
+            return cls(ttys)
+        except (OSError, termios.error) as e:  # no /dev/ptmx, or kernel.pty.max reached
+            raise LaunchError("cannot open a pseudo-terminal for the run", str(e),
+                              "check /dev/ptmx and kernel.pty.max, or run it without a "
+                              "terminal (redirect its input and output)") from None
 
     def child_fd(self, fd: int) -> int | None:
         """What the sandbox gets as descriptor ``fd``: the pty, or None (inherit corral's)."""
