@@ -170,3 +170,15 @@ def _main_corral(marker: str) -> int | None:
 def test_non_interactive_runs_keep_pipes(who: Identity, lab: Lab) -> None:
     r = who.corral("shell", "-c", "test -t 0 || test -t 1 || echo PIPES", cwd=lab.project)
     assert r.returncode == 0 and r.stdout == "PIPES\n", r
+
+
+def test_a_v2_cgroup_is_frozen_through_cgroup_freeze(tmp_path: Path) -> None:
+    """The v2 path, on a stand-in directory: this kind of machine has no v2 controllers."""
+    from corral.tty import Freezer
+
+    (tmp_path / "cgroup.freeze").write_text("0")
+    f = Freezer(lambda: None, v2_dir=str(tmp_path))
+    f.freeze()
+    assert (tmp_path / "cgroup.freeze").read_text() == "1"
+    f.close()
+    assert (tmp_path / "cgroup.freeze").read_text() == "0"
