@@ -124,6 +124,7 @@ def test_a_payload_that_kills_its_terminal_leaves_the_users_working(
     pane.line(_corral(who, "shell", "--", "/usr/bin/python3", str(script), str(said)))
     _until(said.exists, "the payload never ran")
     assert said.read_text() == "SETD-DONE"  # it did it, to corral's terminal
+    pane.wait(lambda s: s.count("host$") >= 2)  # corral is gone: keys go to the shell now
     pane.line("echo alive-$((2+3)); stty -a | grep -o -- '-\\?icanon'")
     text = pane.wait(lambda s: "alive-5" in s)
     assert "-icanon" not in text.split("alive-5")[-1]  # its modes restored, too
