@@ -8,10 +8,13 @@ prints one JSON object.  It runs as whichever identity the test chose, so it
 is a script rather than a fixture.
 
     layers.py [--off seccomp|landlock|payload-filter]... [--profile NAME]
-              [--input PATH]... [--extra-writable DIR] -- CMD [ARG...]
+              [--input PATH]... [--ro PATH]... [--extra-writable DIR]
+              [--allow-domain NAME] -- CMD [ARG...]
 
 ``--extra-writable DIR`` binds DIR writable at /extra without giving
 Landlock a rule for it: the mounts alone would allow writes there.
+``--allow-domain`` starts the egress proxy and the in-sandbox bridge, as
+``corral run --allow-domain`` does.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ import argparse
 import json
 from dataclasses import replace
 
-from corral import api, host, launch, resolve
+from corral import api, egress, host, launch, resolve
 from corral.bwrap import Mount, Sandbox, mount
+from corral.policy import Network
 from corral.profiles import load_profile
 
 
@@ -46,18 +50,25 @@ def main() -> None:
                    choices=["seccomp", "landlock", "payload-filter"])
     p.add_argument("--profile", default="shell")
     p.add_argument("--input", action="append", default=[])
+    p.add_argument("--ro", action="append", default=[])
     p.add_argument("--extra-writable")
+    p.add_argument("--allow-domain", action="append", default=[])
     p.add_argument("cmd", nargs="+")
     args = p.parse_args()
     policy = load_profile(args.profile)
+    network = Network(allow=tuple(args.allow_domain)) if args.allow_domain else policy.network
+    policy = replace(policy, read_only=(*policy.read_only, *args.ro), network=network)
     facts = host.detect()
     run_dir, (uid, gid) = api.prepare(policy, workspace_dir=None, inputs=args.input,
                                       runs_dir=None, facts=facts)
     sb = resolve.resolve_run(policy, args.cmd, facts, run_dir.workspace, uid, gid)
     sb = without(sb, args.off, args.extra_writable)
-    out = launch.launch(sb, capture=True, stdin=None, output_cap=1 << 20, timeout_s=120,
-                        bwrap_path=facts.require_bwrap())
-    print(json.dumps({"exit_code": out.exit_code, "status": out.status,
+    net = egress.open_session(policy.network, None)  # NoEgress without an allowed name
+    with net:
+        out = launch.launch(net.attach(sb), capture=True, stdin=None, output_cap=1 << 20,
+                            timeout_s=120, bwrap_path=facts.require_bwrap(),
+                            extra_fds=net.pass_fds)
+    print(json.dumps({"exit_code": out.exit_code, "status": out.status, "error": out.error,
                       "stdout": (out.stdout or b"").decode(errors="replace"),
                       "stderr": (out.stderr or b"").decode(errors="replace"),
                       "workspace": run_dir.workspace}))

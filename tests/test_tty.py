@@ -105,14 +105,16 @@ def test_ctrl_z_freezes_the_run_and_it_reads_nothing_typed_to_the_shell(
     assert running and holders
 
 
-# Its own terminal is dead after this, so it says what happened in a file.
-SETD = ("import fcntl, struct, sys\n"
+# Its own terminal is dead after this, so it says what happened in a file; then it stays
+# a moment, for the test to see which terminal it holds.
+SETD = ("import fcntl, struct, sys, time\n"
         "try:\n"
         "    fcntl.ioctl(0, 0x5423, struct.pack('i', 27))  # TIOCSETD, N_NULL\n"
         "    said = 'SETD-DONE'\n"
         "except OSError as e:\n"
         "    said = f'SETD-REFUSED {e}'\n"
-        "open(sys.argv[1], 'w').write(said)\n")
+        "open(sys.argv[1], 'w').write(said)\n"
+        "time.sleep(2)\n")
 
 
 def test_a_payload_that_kills_its_terminal_leaves_the_users_working(
@@ -123,7 +125,9 @@ def test_a_payload_that_kills_its_terminal_leaves_the_users_working(
     said = lab.project / "setd.out"
     pane.line(_corral(who, "shell", "--", "/usr/bin/python3", str(script), str(said)))
     _until(said.exists, "the payload never ran")
-    assert said.read_text() == "SETD-DONE"  # it did it, to corral's terminal
+    # The sandbox holds corral's pty, not the user's terminal, whatever the ioctl did
+    # (seccomp's list of terminal requests may refuse it; the relay does not depend on it).
+    assert said.read_text().startswith("SETD-") and not pane.holders()
     pane.wait(lambda s: s.count("host$") >= 2)  # corral is gone: keys go to the shell now
     pane.line("echo alive-$((2+3)); stty -a | grep -o -- '-\\?icanon'")
     text = pane.wait(lambda s: "alive-5" in s)
@@ -132,7 +136,7 @@ def test_a_payload_that_kills_its_terminal_leaves_the_users_working(
     said.unlink()
     pane.line(_naive(lab, f"/usr/bin/python3 {script} {said}"))
     _until(said.exists, "the control never ran")
-    assert said.read_text() == "SETD-DONE"
+    assert said.read_text() == "SETD-DONE" and pane.holders()
     pane.line("echo dead-$((3+4))")
     time.sleep(3)
     assert "dead-7" not in pane.screen()
