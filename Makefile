@@ -30,8 +30,7 @@ test: setup
 # The real agents (pi, Claude Code, Codex, Gemini CLI) from the npm registry, cached in
 # .agents/, under corral against a fake model server on 127.0.0.1: see docs/agents.md.
 test-agents: setup
-	@scripts/install-agents
-	CORRAL_TEST_AGENTS=1 $(BIN)/pytest tests/agents
+	@BIN=$(BIN) scripts/test-agents
 
 check: setup
 	scripts/check

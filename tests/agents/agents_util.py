@@ -103,8 +103,10 @@ def readable_copy(src: Path, dest: Path) -> Path:
 
 
 def agents_for(who: Identity, shared: Path) -> Path:
+    """The agents' folder for ``who``: scripts/test-agents already hands over a readable
+    mirror (CORRAL_AGENTS_DIR); run by hand on .agents/, the test user gets a copy."""
     src = installed()
-    if who.is_root or not IS_ROOT:
+    if who.is_root or not IS_ROOT or "CORRAL_AGENTS_DIR" in os.environ:
         return src
     return readable_copy(src, shared / "agents")
 
