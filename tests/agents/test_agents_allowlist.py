@@ -5,8 +5,9 @@ probes clone3), and each must still answer ``--version`` and ``--help`` inside
 
 The agents come from their registries (``npm install --prefix DIR
 @anthropic-ai/claude-code @openai/codex @google/gemini-cli
-@mariozechner/pi-coding-agent``); ``CORRAL_AGENTS_DIR`` names DIR.  Without it
-these tests skip: installing agents is the agents suite's job, not ``make test``'s.
+@mariozechner/pi-coding-agent``); ``CORRAL_AGENTS_DIR`` names DIR.  They belong to
+``make test-agents`` (scripts/test-agents installs the agents and sets it); ``make test``
+does not collect this folder.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ AGENTS = {"claude": (r"^\d+\.\d+\.\d+ \(Claude Code\)$", "Usage: claude"),
 
 def _binary(name: str) -> Path:
     folder = os.environ.get("CORRAL_AGENTS_DIR")
-    if not folder:
-        pytest.skip("set CORRAL_AGENTS_DIR to an npm prefix holding the agents")
+    assert folder, "set CORRAL_AGENTS_DIR to an npm prefix holding the agents " \
+        "(make test-agents does)"
     path = Path(folder) / "node_modules" / ".bin" / name
     assert path.exists(), f"{name} is not installed under {folder}"
     return path
