@@ -234,26 +234,28 @@ def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
                env: Sequence[tuple[str, str]] = ()) -> tuple[Sandbox, agent.Layout]:
     """The sandbox :func:`run_agent` would start in ``project``, creating nothing."""
     wants_network = _check_network(policy)
-    sb, layout = agent.resolve_agent(policy, list(cmd), host.detect(), project, env,
-                                     dry_run=True)
+    sb, layout = agent.resolve_agent(policy, list(cmd), host.detect(), project, env)
     return (egress.attach(sb, _planned_bridge(policy)) if wants_network else sb), layout
 
 
 def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool = False,
               stdin: bytes | None = None, env: Sequence[tuple[str, str]] = (),
-              runs_dir: str | None = None, record: bool = True,
-              announce: Callable[[Sandbox], None] | None = None) -> Result:
+              runs_dir: str | None = None, record: bool = True, import_state: bool = False,
+              announce: Callable[[Sandbox, agent.Layout], None] | None = None) -> Result:
     """Run a coding agent (or one shell command) in ``project``; see :mod:`corral.agent`.
 
     With ``record``, a run record (no file listing: the project is the user's)
-    goes under the runs directory.  ``announce`` sees the sandbox just before launch.
+    goes under the runs directory.  ``import_state`` copies the agent's state into
+    corral's private copy again (see :mod:`corral.agent.state`).  ``announce`` sees the
+    sandbox just before launch.
     """
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
-    sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env)
+    sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env, prepare=True,
+                                     import_state=import_state)
     if announce is not None:
-        announce(sb)
+        announce(sb, layout)
     run_dir = workspace.record_dir(runs_dir or workspace.default_runs_dir(), layout.project) \
         if record else None
     entry: dict[str, Any] = {
@@ -265,9 +267,9 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         entry["run_id"] = run_dir.run_id
         workspace.write_record(run_dir.record_path, entry)
     owner = (sb.uid, sb.gid) if facts.is_root else None
-    census = audit.census_of_findings(
-        [(e.path, owner) for e in layout.writable if e.kind == "dir"], layout.findings,
-        audit.protected_names(policy.protect))
+    census = audit.census_of_findings(  # the user's trees; not corral's copy of the state
+        [(e.path, owner) for e in layout.writable if e.kind == "dir" and not e.source],
+        layout.findings, audit.protected_names(policy.protect))
     quarantine = workspace.quarantine(
         run_dir.root if run_dir else None, runs_dir or workspace.default_runs_dir(),
         layout.project)

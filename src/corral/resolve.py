@@ -19,7 +19,7 @@ from .errors import HostError, UsageError
 from .host import HostFacts
 from .inner import FS_TRUNCATE, FS_WRITE_FILE
 from .interp import INTERPRETER, check_prefix, prefix_of, which_command
-from .policy import Policy
+from .policy import Policy, passed
 from .reach import dir_modes
 
 __all__ = ["Command", "resolve_command", "resolve_run"]
@@ -172,9 +172,7 @@ def _environment(policy: Policy, path: list[str], extra: Sequence[tuple[str, str
     env = {"PATH": ":".join(dict.fromkeys(path)), "HOME": WORKDIR, "LANG": "C.UTF-8",
            "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
     env.update(policy.env)
-    for name in policy.pass_env:
-        if name in os.environ:
-            env[name] = os.environ[name]
+    env.update(passed(policy.pass_env, os.environ))
     env.update(extra)
     return tuple(env.items())
 

@@ -26,8 +26,8 @@ import pwd
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from . import discover, fsops, guard, interp, program, repos, resolve
-from .bwrap import (
+from .. import discover, fsops, guard, interp, program, repos, resolve
+from ..bwrap import (
     BindFd,
     Data,
     Op,
@@ -41,14 +41,16 @@ from .bwrap import (
     mask,
     parents,
 )
-from .errors import UsageError
-from .guard import Finding
-from .host import HostFacts
-from .locate import Roots
-from .policy import Policy
-from .reach import can_reach, dir_modes
+from ..errors import UsageError
+from ..guard import Finding
+from ..host import HostFacts
+from ..locate import Roots
+from ..policy import Policy, passed
+from ..reach import can_reach, dir_modes
+from . import state
 
-__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "profile_for", "resolve_agent"]
+__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "identity", "profile_for",
+           "resolve_agent"]
 
 # Emptied for every agent: daemons' sockets live under /run; /tmp holds other programs'
 # sockets and files; homes hold credentials; removable and network mounts hold anything.
@@ -78,6 +80,7 @@ class Entry(NamedTuple):
     access: str  # rw, ro, hidden, pinned
     kind: str  # dir or file
     reason: str
+    source: str = ""  # the host path bound there, when it is not ``path`` itself
 
 
 class Layout(NamedTuple):
@@ -92,6 +95,7 @@ class Layout(NamedTuple):
     findings: tuple[Finding, ...]  # inside writable trees (and secrets in read-only ones)
     tmp_bytes: int
     shm_bytes: int
+    notes: tuple[str, ...] = ()  # what preparing the agent's state did or skipped
     modes: tuple[tuple[str, int], ...] = ()  # folders bwrap makes, and their modes inside
 
     def entries(self) -> list[Entry]:
@@ -131,7 +135,8 @@ def agent_mounts(layout: Layout) -> list[Op]:
     for e in sorted(layout.writable, key=lambda e: e.path.count("/")):
         ops.extend(parents(e.path, made, modes))
         made.add(e.path)
-        ops.append(BindFd(PathHandle(e.path, e.kind == "dir"), e.path, writable=True))
+        ops.append(BindFd(PathHandle(e.source or e.path, e.kind == "dir"), e.path,
+                          writable=True))
     ops.extend(_finding_ops(layout.findings))
     return ops
 
@@ -161,7 +166,7 @@ def profile_for(argv: Sequence[str]) -> str:
     return AGENT_PROFILES.get(os.path.basename(argv[0]) if argv else "", "generic")
 
 
-def _identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
+def identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
     """uid, gid, user name and home of the agent.  Started by root: the project's owner."""
     uid, gid, user, home = _who(project, host, policy)
     if policy.home is not None:
@@ -209,16 +214,11 @@ def _expand(path: str, home: str) -> str:
     return os.path.join(home, path[2:]) if path.startswith("~/") else path
 
 
-def _writable(policy: Policy, home: str, project: str, owner: tuple[int, int]) -> list[Entry]:
-    """The agent's state paths (directories end with '/', created for ``owner`` if missing)."""
+def _writable(policy: Policy, home: str, project: str) -> list[Entry]:
+    """The project and the paths the profile or ``--rw`` make writable (if they exist)."""
     entries = [Entry(project, "rw", "dir", "the project")]
     for raw in policy.writable:
         path = _expand(raw, home).rstrip("/")
-        if raw.endswith("/") and not os.path.lexists(path):
-            # exist_ok: two agents started at once both find it missing (corral probe does)
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            if os.geteuid() == 0:
-                os.chown(path, *owner)
         if not os.path.lexists(path):
             continue
         real = guard.check_writable_root(path, "writable path", home=home) \
@@ -227,8 +227,26 @@ def _writable(policy: Policy, home: str, project: str, owner: tuple[int, int]) -
             raise UsageError(f"writable path {path} links outside the home directory", "",
                              "point it inside your home, or drop it from the profile")
         kind = "dir" if os.path.isdir(real) else "file"
-        entries.append(Entry(path, "rw", kind, "the agent's own state"))
+        entries.append(Entry(path, "rw", kind, "made writable by the profile or --rw"))
     return entries
+
+
+def _check_state_alone(dirs: Sequence[state.StateDir], others: Sequence[str]) -> None:
+    """Nothing may be mounted inside corral's copy of the agent's state: bwrap would make
+    its mount point there, by path, in a tree the sandbox writes (DESIGN fact 7)."""
+    for d in dirs:
+        for path in others:
+            if _under(path, d.dest):
+                raise UsageError(
+                    f"{path} is inside {d.dest}, where corral mounts its private copy of "
+                    "the agent's state", "nothing is mounted inside that copy",
+                    f"run from another directory, drop that path, or use the real folder "
+                    f"on purpose with --rw {d.dest}")
+
+
+def _state_entries(dirs: Sequence[state.StateDir]) -> list[Entry]:
+    return [Entry(d.dest, "rw", "dir", f"the agent's state: corral's private copy, {d.source}",
+                  d.source) for d in dirs]
 
 
 def _listed_read_only(policy: Policy, home: str, writable: Sequence[Entry]) -> list[Finding]:
@@ -280,23 +298,26 @@ def _environment(policy: Policy, home: str, user: str, path: str,
                  extra: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     env = {"PATH": path, "HOME": home, "USER": user, "LOGNAME": user, "TMPDIR": "/tmp",
            "SHELL": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"}
-    for name in (*BASE_PASS_ENV, *policy.pass_env):
-        if name in os.environ:
-            env[name] = os.environ[name]
-    env.update(policy.env)
+    env.update(passed((*BASE_PASS_ENV, *policy.pass_env), os.environ))
+    # A profile's ~/ values name the agent's home (CLAUDE_CONFIG_DIR = "~/.claude").
+    env.update((k, _expand(v, home)) for k, v in policy.env)
     env.update(extra)
     return tuple(env.items())
 
 
 def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project: str,
-                  extra_env: Sequence[tuple[str, str]] = (), dry_run: bool = False
-                  ) -> tuple[Sandbox, Layout]:
-    """The sandbox for ``corral agent`` or ``corral shell`` in ``project``.  With
-    ``dry_run`` nothing is created (what would be is listed as such)."""
+                  extra_env: Sequence[tuple[str, str]] = (), *, prepare: bool = False,
+                  import_state: bool = False) -> tuple[Sandbox, Layout]:
+    """The sandbox for ``corral agent`` or ``corral shell`` in ``project``.
+
+    With ``prepare``, corral's copy of the agent's state is made (and imported into on
+    first use or with ``import_state``) and its credentials refreshed; without, nothing
+    is created (``--dry-run``).
+    """
     disable_userns = resolve.check_host(policy, host)
     # The launcher's own home first, then (started by root) the agent's.
     guard.check_writable_root(project, "project", home=os.path.expanduser("~"))
-    uid, gid, user, home = _identity(os.path.realpath(project), host, policy)
+    uid, gid, user, home = identity(os.path.realpath(project), host, policy)
     project = guard.check_writable_root(project, "project", home=home)
     if host.is_root and not can_reach(project, uid, gid):
         raise UsageError(f"project {project} is in a folder its owner (uid {uid}) cannot reach "
@@ -306,30 +327,39 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     hidden = _hidden_trees(home, policy, project)
     search = os.environ.get("PATH", os.defpath)
     found = interp.which_command(argv, search, base_dir=project)
-    writable = _writable(policy, home, project, (uid, gid))
+    writable = _writable(policy, home, project)
+    dirs = state.plan(policy, home, [e.path for e in writable])
+    _check_state_alone(dirs, [*(e.path for e in writable),
+                              *(_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only))])
+    notes = state.prepare(policy, home, (uid, gid) if host.is_root else None, dirs,
+                          import_state) if prepare else []
+    # Only the user's own trees are scanned: nothing in corral's copy of the agent's state
+    # runs outside corral, and nothing is mounted inside it (no mount point to create).
     findings, expected = _protections(policy, home, writable, (uid, gid) if host.is_root
-                                      else None, dry_run)
+                                      else None, dry_run=not prepare)
     needs, installs = program.needed(found, hidden, home, uid, gid)
     read_only = _read_only(policy, home, needs, host, hidden, writable)
     for e in read_only:  # an interpreter's installation holds its library, nobody's secrets
         if e.kind == "dir" and e.path not in (*installs, host.python_prefix):
             findings += discover.secrets_in(e.path)
     findings = list({(f.path, f.action): f for f in findings}.values())
+    all_writable = (*writable, *_state_entries(dirs))
     # Search (not listing) on the way to what the launcher itself chose: corral's Python,
     # which its init runs on, the agent's interpreter, and --ro paths; every other folder
     # bwrap makes is no wider than the agent's user finds it on the host.
     init_prefix = [host.python_prefix] if any(_under(host.python, t) for t in hidden) else []
-    modes = dir_modes([*hidden, *(e.path for e in (*read_only, *writable))], uid, gid,
+    modes = dir_modes([*hidden, *(e.path for e in (*read_only, *all_writable))], uid, gid,
                       traverse=[*init_prefix, *installs, *(p for p in policy.read_only
                                                            if not p.startswith("~/"))])
     layout = Layout(
         project=project, home=home, hidden_trees=hidden,
         hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),
-        read_only=tuple(read_only), writable=tuple(writable), findings=tuple(findings),
+        read_only=tuple(read_only), writable=all_writable, findings=tuple(findings),
         tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes,
-        modes=tuple(modes.items()))
+        notes=tuple(notes), modes=tuple(modes.items()))
     config, seccomp_program = resolve.kernel_layers(policy, host, uid, gid,
-                                                    [*(e.path for e in writable), "/var/tmp"])
+                                                    [*(e.path for e in layout.writable),
+                                                     "/var/tmp"])
     config["expect_mounts"] = expected
     return Sandbox(
         argv=(found, *argv[1:]),
