@@ -284,6 +284,12 @@ def test_limits_and_scheduling_only_for_the_caller(sandbox: bytes, pid: int, who
     assert run_bpf(sandbox, nr("getpriority"), (2, who)) == ALLOW  # reading stays open
 
 
+@given(U64)
+def test_inotify_watches_anything_but_reads(sandbox: bytes, mask: int) -> None:
+    expect = EPERM if mask & 0x1 else ALLOW  # IN_ACCESS: a host program's keys on /dev/tty
+    assert run_bpf(sandbox, nr("inotify_add_watch"), (3, 4, mask)) == expect
+
+
 # --- the payload filter -----------------------------------------------------------------------
 
 @given(U32, HIGH)

@@ -26,10 +26,10 @@ remap_file_pages, adjtimex and clock_adjtime, the 32-bit TLS calls,
 process_mrelease, name_to_handle_at and openat2, Linux AIO, the newer mount,
 LSM and xattr calls, uretprobe (which the kernel passes through anyway),
 allocating fallocate modes, personality beyond three values, most of the 'T'
-ioctl range, and limits and scheduling of other processes. It allows two
-things that profile does not: get_mempolicy, set_mempolicy and mbind on the
-caller's own memory (kept there for CAP_SYS_NICE; libnuma is built on them),
-and migrate_pages and move_pages on the caller itself.
+ioctl range, inotify watches for reads (IN_ACCESS), and limits and scheduling of
+other processes. It allows two things that profile does not: get_mempolicy,
+set_mempolicy and mbind on the caller's own memory (kept there for CAP_SYS_NICE;
+libnuma is built on them), and migrate_pages and move_pages on the caller itself.
 """
 
 from __future__ import annotations
@@ -64,6 +64,7 @@ FALLOC_ALLOCATING = (0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE,
                      FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_UNSHARE_RANGE,
                      FALLOC_FL_UNSHARE_RANGE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_WRITE_ZEROES)
 PER_LINUX, PER_LINUX32, PERSONALITY_QUERY = 0x0000, 0x0008, 0xFFFFFFFF
+IN_ACCESS = 0x00000001  # inotify: the watched file was read
 TTY_IOCTL_TYPE = 0x54  # 'T': the TC*/TIOC* requests, and the FIO* ones that share it
 
 # The 'T' requests a program needs (traced from bash, less, vim, python's pty, node, tmux
@@ -186,7 +187,14 @@ FILES = Group("files", "reading and writing what the mounts and Landlock let the
             "symlink", "symlinkat", "chown", "fchown", "lchown", "fchownat", "setxattr",
             "lsetxattr", "fsetxattr", "getxattr", "lgetxattr", "fgetxattr", "listxattr",
             "llistxattr", "flistxattr", "removexattr", "lremovexattr", "fremovexattr",
-            "inotify_init", "inotify_init1", "inotify_add_watch", "inotify_rm_watch"),
+            "inotify_init", "inotify_init1", "inotify_rm_watch"),
+))
+
+WATCHES = Group("watching files", "file watchers ask for changes, opens and closes; a watch "
+                "for reads (IN_ACCESS) is refused, because the nodes in /dev are the host's "
+                "own: on /dev/tty it times every key a host program reads from its terminal "
+                "in raw mode (less, fzf, pinentry)", (
+    Call("inotify_add_watch", ((clear(2, IN_ACCESS),),)),
 ))
 
 FILE_FORMS = Group("file modes and space", "a set-uid or set-gid bit left in a writable "
@@ -288,8 +296,9 @@ SELF_CONFINEMENT = Group("confining oneself further", "a program may add filters
                          "Landlock rules of its own; it can only lose powers", _calls(
     "seccomp", "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self"))
 
-ALLOWED: tuple[Group, ...] = (FILES, FILE_FORMS, TERMINALS, MEMORY, PROCESSES, SCHEDULING,
-                              IDENTITY, TIME, WAITING, SOCKETS, IPC, SELF_CONFINEMENT)
+ALLOWED: tuple[Group, ...] = (FILES, WATCHES, FILE_FORMS, TERMINALS, MEMORY, PROCESSES,
+                              SCHEDULING, IDENTITY, TIME, WAITING, SOCKETS, IPC,
+                              SELF_CONFINEMENT)
 
 
 class Fallback(NamedTuple):
