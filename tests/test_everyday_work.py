@@ -189,3 +189,17 @@ def test_test_runners_with_a_loopback_server(who: Identity) -> None:
     js = give(who, "loop.test.js", NODE_TEST)
     r = who.corral_json("--input", str(js), "--", "node", "--test", "loop.test.js")
     assert r["exit_code"] == 0 and "# pass 1" in r["stdout"], r
+
+
+INTERFACES_PY = "import socket; print([name for _, name in socket.if_nameindex()])"
+INTERFACES_JS = "console.log(Object.keys(require('os').networkInterfaces()).join())"
+
+
+def test_programs_can_list_the_sandboxs_interfaces(who: Identity) -> None:
+    # getifaddrs and if_nameindex ask netlink's routing protocol; dev servers list addresses
+    r = who.corral_json("--", "python3", "-c", INTERFACES_PY)
+    assert r["exit_code"] == 0 and r["stdout"] == "['lo']\n", r
+    if not _node():
+        return
+    r = who.corral_json("--", "node", "-e", INTERFACES_JS)
+    assert r["exit_code"] == 0 and r["stdout"] == "lo\n", r
