@@ -232,11 +232,16 @@ def test_needed_requests_pass(sandbox: bytes, code: int) -> None:
     assert run_bpf(sandbox, nr("ioctl"), (1, code | 0xFF << 40)) == ALLOW
 
 
-@given(U64)
-def test_only_unix_and_inet_sockets(sandbox: bytes, family: int) -> None:
+@given(U64, U64)
+def test_only_unix_and_inet_sockets_and_netlink_routing(sandbox: bytes, family: int,
+                                                        protocol: int) -> None:
     low = family & 0xFFFFFFFF
     assert run_bpf(sandbox, nr("socket"), (family, 1, 0)) == (
-        ALLOW if low in (1, 2, 10) else EPERM)
+        ALLOW if low in (1, 2, 10, 16) else EPERM)
+    # AF_NETLINK: NETLINK_ROUTE (0) only; uevents, audit, sock_diag, netfilter refused
+    routing = protocol & 0xFFFFFFFF == 0
+    assert run_bpf(sandbox, nr("socket"), (16 | family >> 32 << 32, 3, protocol)) == (
+        ALLOW if routing else EPERM)
     assert run_bpf(sandbox, nr("socketpair"), (family, 1, 0)) == (ALLOW if low == 1 else EPERM)
 
 

@@ -49,7 +49,8 @@ CLONE_NEW = {"NEWNS": 0x00020000, "NEWCGROUP": 0x02000000, "NEWUTS": 0x04000000,
              "NEWIPC": 0x08000000, "NEWUSER": 0x10000000, "NEWPID": 0x20000000,
              "NEWNET": 0x40000000}
 CLONE_NEWTIME = 0x00000080  # unshare only: in clone()'s flags these bits are the exit signal
-AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+NETLINK_ROUTE = 0  # the protocol argument of socket(AF_NETLINK, ...)
 SOCK_DGRAM, SOCK_RAW = 2, 3  # AF_UNIX turns SOCK_RAW into SOCK_DGRAM (net/unix/af_unix.c)
 SOCK_FLAGS = 0o2000000 | 0o4000  # SOCK_CLOEXEC | SOCK_NONBLOCK, or-ed into the type
 S_ISUID, S_ISGID = 0o4000, 0o2000
@@ -276,10 +277,14 @@ WAITING = Group("waiting on descriptors", "event loops of every runtime", _calls
     "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl",
     "epoll_wait", "epoll_pwait", "epoll_pwait2", "eventfd", "eventfd2", "pipe", "pipe2"))
 
-SOCKETS = Group("sockets", "unix, IPv4 and IPv6 only (vsock reaches the host, netlink and "
-                "packet sockets are kernel surface); the network namespace has loopback "
-                "only; socketpair exists for unix sockets only", (
-    Call("socket", _each(0, (AF_UNIX, AF_INET, AF_INET6))),
+SOCKETS = Group("sockets", "unix, IPv4 and IPv6 (vsock reaches the host, packet sockets "
+                "are kernel surface); of netlink only the routing protocol, which the C "
+                "library's getifaddrs and if_nameindex use, and which without CAP_NET_ADMIN "
+                "only reads the sandbox's own namespace (other protocols carry the host's "
+                "device events, audit, netfilter); the network namespace has loopback only; "
+                "socketpair exists for unix sockets only", (
+    Call("socket", (*_each(0, (AF_UNIX, AF_INET, AF_INET6)),
+                    (low32(0, AF_NETLINK), low32(2, NETLINK_ROUTE)))),
     Call("socketpair", _each(0, (AF_UNIX,))),
     *_calls("connect", "accept", "accept4", "bind", "listen", "getsockname", "getpeername",
             "sendto", "recvfrom", "sendmsg", "recvmsg", "sendmmsg", "recvmmsg", "shutdown",
