@@ -50,6 +50,19 @@ def test_the_payload_cannot_reach_its_init(who: Identity, layers: Path) -> None:
     assert ctl["kill(0)"] == ctl["pidfd_send_signal(0)"] == 0, ctl
 
 
+def test_the_payload_tunes_its_own_processes_and_threads(who: Identity) -> None:
+    # pthread_setaffinity_np and pthread_setschedparam name the thread by its id; renice -p,
+    # taskset -p and prlimit --pid name a process: all of them the payload's own.
+    script = probe(who, "reach_init.py")
+    for target in ("child", "thread"):
+        r = who.corral_json("--input", str(script), "--", "python3", "reach_init.py", target)
+        out = json.loads(r["stdout"])
+        # The process group and the uid include the init: those stay the caller's own only.
+        assert out.pop("setpriority(PRIO_PGRP 0)") == out.pop("setpriority(PRIO_USER 0)") \
+            == errno.EPERM, (target, out)
+        assert set(out.values()) == {0}, (target, out)
+
+
 ATTACK = """\
 import os, resource, socket, time, urllib.parse
 init = os.getppid()
