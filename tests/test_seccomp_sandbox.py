@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from conftest import Identity, need
+from corral import inner
 from layer_tools import give, need_x86_64, probe, without
 
 pytestmark = pytest.mark.sandbox
@@ -60,7 +62,33 @@ def test_the_payload_tunes_its_own_processes_and_threads(who: Identity) -> None:
         # The process group and the uid include the init: those stay the caller's own only.
         assert out.pop("setpriority(PRIO_PGRP 0)") == out.pop("setpriority(PRIO_USER 0)") \
             == errno.EPERM, (target, out)
+        assert out.pop("migrate_pages") == errno.EINVAL, out  # the kernel reads its masks
+        if target == "thread":
+            out.pop("pidfd_send_signal(0)")  # pidfd_open takes a process, not a thread
         assert set(out.values()) == {0}, (target, out)
+
+
+def test_the_init_stops_the_launch_where_it_is_not_the_protected_pid(
+        who: Identity, layers: Path) -> None:
+    r = without(who, layers, [], "--init-pid", "3", "--", "/bin/true")
+    assert r["status"] == "refused", r
+    assert r["error"].startswith("corral's init could not start the command: corral's init "
+                                 "is PID 2 with 1 thread(s), not PID 3 with one; "), r
+    ok = without(who, layers, [], "--init-pid", "2", "--", "/bin/true")  # control
+    assert ok["status"] == "exited" and ok["exit_code"] == 0, ok
+
+
+def test_the_init_counts_its_threads() -> None:
+    inner.check_alone(os.getpid())  # this test's process has one thread, like the init
+    stop = threading.Event()
+    extra = threading.Thread(target=stop.wait)
+    extra.start()
+    try:
+        with pytest.raises(inner.SetupError, match="with 2 thread"):
+            inner.check_alone(os.getpid())
+    finally:
+        stop.set()
+        extra.join()
 
 
 ATTACK = """\

@@ -27,9 +27,10 @@ process_mrelease, name_to_handle_at and openat2, Linux AIO, the newer mount,
 LSM and xattr calls, uretprobe (which the kernel passes through anyway),
 allocating fallocate modes, personality beyond three values, most of the 'T'
 ioctl range, inotify watches for reads (IN_ACCESS), and limits and scheduling of
-other processes. It allows two things that profile does not: get_mempolicy,
-set_mempolicy and mbind on the caller's own memory (kept there for CAP_SYS_NICE;
-libnuma is built on them), and migrate_pages and move_pages on the caller itself.
+corral's own processes and of process groups and uids. It allows two things that
+profile does not: get_mempolicy, set_mempolicy and mbind on the caller's own
+memory (kept there for CAP_SYS_NICE; libnuma is built on them), and migrate_pages
+and move_pages on the payload's own processes.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ import errno
 from collections.abc import Iterator
 from typing import NamedTuple
 
-__all__ = ["ALLOWED", "FALLBACKS", "REFUSED", "UNIX_DENIALS", "Call", "Cmp", "Denial", "Group",
-           "allowed_names"]
+__all__ = ["ALLOWED", "CORRAL_PIDS", "FALLBACKS", "INIT_PID", "REFUSED", "UNIX_DENIALS", "Call",
+           "Cmp", "Denial", "Group", "allowed_names"]
 
 CMP_EQ, CMP_MASKED_EQ = 4, 7  # libseccomp's enum scmp_compare
 LOW32 = 0xFFFFFFFF
@@ -172,7 +173,25 @@ def _opens(flags: int, mode: int) -> tuple[Form, ...]:
     return ((clear(flags, O_CREAT | O_TMPFILE_BIT),), (clear(mode, S_ISUID | S_ISGID),))
 
 
-SELF = (low32(0, 0),)  # the pid argument names the caller itself
+# The sandbox's PID namespace holds bwrap's PID 1, corral's init (its one child, PID 2,
+# single-threaded: the init checks both before it forks) and the payload.  Any other pid
+# or thread id there is the payload's own, and the namespace shows nothing else; 0 names
+# the caller.  These forms hold when the pid argument, read as the kernel reads a pid_t
+# (low 32 bits), names neither of corral's processes.
+INIT_PID = 2
+CORRAL_PIDS = frozenset({1, INIT_PID})
+
+
+def not_corral(arg: int) -> tuple[Form, ...]:
+    return tuple(field_not_in(arg, 0, 32, CORRAL_PIDS))
+
+
+def _for_process(which: int) -> tuple[Form, ...]:
+    """setpriority, ioprio_set: ``which`` names one process, and it is not corral's."""
+    return tuple((low32(0, which), *form) for form in not_corral(1))
+
+
+PAYLOAD_PIDS = not_corral(0)
 
 FILES = Group("files", "reading and writing what the mounts and Landlock let the payload "
               "reach; the kernel's own permission checks apply", (
@@ -218,14 +237,14 @@ TERMINALS = Group("terminal and descriptor requests", "ioctl requests outside th
                    *_each(1, tuple(TTY_REQUESTS.values())))),
 ))
 
-MEMORY = Group("memory", "the caller's own address space; NUMA policy of its own pages "
-               "only (migrate_pages and move_pages name a pid: the caller's only)", (
+MEMORY = Group("memory", "the caller's own address space; NUMA placement of the payload's "
+               "own pages only (migrate_pages and move_pages name a pid: not corral's)", (
     *_calls("brk", "mmap", "munmap", "mremap", "mprotect", "pkey_mprotect", "pkey_alloc",
             "pkey_free", "msync", "mincore", "madvise", "mlock", "mlock2", "munlock",
             "mlockall", "munlockall", "membarrier", "memfd_create", "map_shadow_stack",
             "get_mempolicy", "set_mempolicy", "mbind"),
     Call("mseal", number=462),  # Linux 6.10: only takes powers away from the caller
-    Call("migrate_pages", (SELF,)), Call("move_pages", (SELF,)),
+    Call("migrate_pages", PAYLOAD_PIDS), Call("move_pages", PAYLOAD_PIDS),
 ))
 
 PROCESSES = Group("processes and threads", "fork, exec and wait inside the sandbox's own "
@@ -243,18 +262,20 @@ PROCESSES = Group("processes and threads", "fork, exec and wait inside the sandb
             "capset", "uname", "sysinfo", "getrusage", "times", "getcpu", "getrandom"),
 ))
 
-SCHEDULING = Group("limits and scheduling of the caller itself", "the kernel lets any "
-                   "process change these for every process of the same uid, corral's init "
-                   "included (RLIMIT_CPU of one second kills it): the pid (or who) "
-                   "argument must be 0, the caller itself; reading them stays open", (
+SCHEDULING = Group("limits and scheduling of the payload's own processes", "the kernel "
+                   "lets any process change these for every process of the same uid, "
+                   "corral's init included (RLIMIT_CPU of one second kills it): the pid (or "
+                   "who) argument may name any process or thread but bwrap's PID 1 and the "
+                   "init; a process group or uid (which include the init) only the "
+                   "caller's, never; reading them stays open", (
     *_calls("getrlimit", "setrlimit", "getpriority", "ioprio_get", "sched_yield",
             "sched_getaffinity", "sched_getparam", "sched_getscheduler", "sched_getattr",
             "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval"),
-    Call("prlimit64", (SELF,)), Call("sched_setscheduler", (SELF,)),
-    Call("sched_setparam", (SELF,)), Call("sched_setaffinity", (SELF,)),
-    Call("sched_setattr", (SELF,)),
-    Call("setpriority", ((low32(0, PRIO_PROCESS), low32(1, 0)),)),
-    Call("ioprio_set", ((low32(0, IOPRIO_WHO_PROCESS), low32(1, 0)),)),
+    *(Call(name, PAYLOAD_PIDS) for name in ("prlimit64", "sched_setscheduler",
+                                             "sched_setparam", "sched_setaffinity",
+                                             "sched_setattr")),
+    Call("setpriority", _for_process(PRIO_PROCESS)),
+    Call("ioprio_set", _for_process(IOPRIO_WHO_PROCESS)),
     Call("personality", _each(0, (PER_LINUX, PER_LINUX32, PERSONALITY_QUERY))),
 ))
 

@@ -1,7 +1,8 @@
 """Run inside a sandbox: reach another process with the calls the kernel checks by uid only.
 
 argv[1] names the target: "parent" (corral's init, the payload's parent), "child"
-(a child this probe forks), "thread" (a thread of this probe, by its id) or a pid.  Every attempt sets what the target already has (its own limit, nice
+(a child this probe forks), "thread" (a thread of this probe, by its id) or a
+pid.  Every attempt sets what the target already has (its own limit, nice
 value, scheduler, affinity, I/O priority, NUMA placement), so that even when
 it succeeds nothing changes; signals are signal 0, a permission check only.
 Prints {name: errno}, 0 meaning it succeeded.
