@@ -266,8 +266,8 @@ SCHEDULING = Group("limits and scheduling of the payload's own processes", "the 
                    "lets any process change these for every process of the same uid, "
                    "corral's init included (RLIMIT_CPU of one second kills it): the pid (or "
                    "who) argument may name any process or thread but bwrap's PID 1 and the "
-                   "init; a process group or uid (which include the init) only the "
-                   "caller's, never; reading them stays open", (
+                   "init; a process group or a uid (both include the init) never; "
+                   "reading them stays open", (
     *_calls("getrlimit", "setrlimit", "getpriority", "ioprio_get", "sched_yield",
             "sched_getaffinity", "sched_getparam", "sched_getscheduler", "sched_getattr",
             "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval"),
