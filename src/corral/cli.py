@@ -23,7 +23,10 @@ SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
        corral agent [options] -- AGENT [ARG...]
        corral shell [options] (-c CMD | -- ARGV...)
+       corral mcp [options] [--transport stdio|http] [--host H --port N]
        corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
+       corral batch JOBS.jsonl -o RESULTS.jsonl [--workers N] [--engine local|ray] [--resume]
+       corral serve [--host ADDR] [--port N] [--workers N] [--token-file FILE]
        corral doctor [--json]
        corral delegate --user NAME [--undo]"""
 
@@ -137,6 +140,14 @@ def _shell_parser(s: argparse.ArgumentParser) -> None:
     s.add_argument("-c", dest="command", metavar="CMD", help="the command, run by the shell")
 
 
+def _mcp_parser(m: argparse.ArgumentParser) -> None:
+    _common(m, "python (default), node, shell, or a TOML file")
+    m.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
+    from .mcp.command import add_arguments
+
+    add_arguments(m)
+
+
 def _relaxations() -> tuple[str, ...]:
     from .policy import Allow
 
@@ -162,6 +173,18 @@ def _probe_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _batch_parser(b: argparse.ArgumentParser) -> None:
+    from .batch import add_arguments
+
+    add_arguments(b)
+
+
+def _serve_parser(s: argparse.ArgumentParser) -> None:
+    from .serve import add_arguments
+
+    add_arguments(s)
+
+
 def _doctor_parser(d: argparse.ArgumentParser) -> None:
     d.add_argument("--json", action="store_true")
 
@@ -179,7 +202,10 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "run": ("run one command in a fresh sandbox", _run_parser),
     "agent": ("run a coding agent in this project directory", _agent_parser),
     "shell": ("run one shell command under agent-mode rules", _shell_parser),
+    "mcp": ("serve the sandbox as MCP tools, a workspace per session", _mcp_parser),
     "probe": ("prove the sandbox on this machine: escape attempts", _probe_parser),
+    "batch": ("run a JSON-lines file of requests, results as they finish", _batch_parser),
+    "serve": ("serve requests over HTTP, SandboxFusion-compatible", _serve_parser),
     "doctor": ("what this host supports and which protections hold", _doctor_parser),
     "delegate": ("as root: let USER's runs have cgroup limits (v1 hosts)", _delegate_parser),
 }
@@ -385,6 +411,12 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
     return result.exit_code
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from .mcp.command import serve
+
+    return serve(args, _policy, _env)
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     from .probe import launcher_for, probe, render_text
 
@@ -422,8 +454,18 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):
             code = cmd_agent(args, cmd)
+        elif args.verb == "mcp" and not cmd:
+            code = cmd_mcp(args)
         elif args.verb == "probe" and not cmd:
             code = cmd_probe(args)
+        elif args.verb == "batch" and not cmd:
+            from .batch import main as batch
+
+            code = batch(args)
+        elif args.verb == "serve" and not cmd:
+            from .serve import main as serve
+
+            code = serve(args)
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")
