@@ -5,10 +5,16 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+INIT   := src/corral/init.bin
 
 .PHONY: setup system demo test test-agents check bench clean
 
-setup: system $(VENV)/.installed
+setup: system $(VENV)/.installed $(INIT)
+
+# corral's compiled init (src/corral/cinit.py), with the system's C compiler; without one,
+# scripts/build-init says so and runs use the Python init (same checks, slower start).
+$(INIT): src/corral/init.c scripts/build-init
+	@scripts/build-init $@ src/corral/init.c
 
 system:
 	@PYTHON=$(PYTHON) scripts/ensure-system

@@ -116,6 +116,8 @@ class Identity:
             env["PATH"] = os.environ.get("PATH", env["PATH"])
         if self.src is not None:
             env["PYTHONPATH"] = str(self.src)
+        if os.environ.get("CORRAL_INIT"):  # set by the each_init fixture
+            env["CORRAL_INIT"] = os.environ["CORRAL_INIT"]
         env.update(self.env)
         env.update(extra or {})
         return env
@@ -204,6 +206,19 @@ def delegation() -> Iterator[None]:
     if not existed:
         subprocess.run([sys.executable, "-m", "corral", "delegate", "--user", TEST_USER,
                         "--undo"], check=False, capture_output=True)
+
+
+@pytest.fixture(params=["c", "python"])
+def each_init(request: Any, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test against both of corral's inits (corral.cinit): the compiled one, which
+    ``make setup`` builds, and inner.py.  Test modules of protections the init sets up
+    use it for every test: ``pytestmark = pytest.mark.usefixtures("each_init")``."""
+    from corral import cinit
+
+    if request.param == "c":
+        need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    monkeypatch.setenv("CORRAL_INIT", request.param)
+    return str(request.param)
 
 
 @pytest.fixture(params=["root", "user"])

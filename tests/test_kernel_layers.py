@@ -26,7 +26,7 @@ import pytest
 from conftest import SYSTEM_PYTHON, Identity, need, raw_bwrap_argv
 from layer_tools import need_x86_64, probe, without
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 # The kernel refuses these to a payload without capabilities before it looks at the
 # arguments, so with the filter off they still fail with EPERM: the control for them is
 # the BPF evaluation in test_seccomp_filter.py.

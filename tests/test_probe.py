@@ -55,7 +55,7 @@ SEED_FAILURES = {"secrets-fake-creds", "network-tcp-loopback", "launch-from-home
 # ... and what a plain bwrap line does not stop either (issue 15's datagram socket pair)
 NAIVE_FAILURES = {*SEED_FAILURES, "network-unix-datagram", "network-unix-daemon"}
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 
 
 def _read(path: str) -> str:

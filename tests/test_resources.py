@@ -22,7 +22,7 @@ import pytest
 
 from conftest import IS_ROOT, TEST_USER, Identity, processes_with, raw_bwrap
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 MiB = 1 << 20
 
 

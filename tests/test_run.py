@@ -17,7 +17,7 @@ import pytest
 
 from conftest import Identity, processes_with, raw_bwrap, raw_bwrap_argv
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 
 
 def _ws(who: Identity, name: str = "ws") -> Path:

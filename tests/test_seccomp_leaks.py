@@ -21,7 +21,7 @@ import pytest
 from conftest import Identity
 from layer_tools import give, without
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 
 # On the host: a program that, like a password prompt or fzf, reads its controlling
 # terminal through /dev/tty one key at a time, while "keys" arrive every 0.2 s.

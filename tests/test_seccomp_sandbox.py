@@ -24,7 +24,7 @@ import pytest
 from conftest import Identity, need
 from layer_tools import give, need_x86_64, probe, without
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 
 UID_ONLY = ("prlimit64", "setpriority(PRIO_PROCESS)", "setpriority(PRIO_USER 0)",
             "sched_setaffinity", "sched_setscheduler", "sched_setparam", "sched_setattr",
@@ -142,7 +142,8 @@ def _exe(pid: int | str) -> str:
 
 def _init_of(marker: str, timeout: float = 60) -> int:
     """The host pid of the corral init whose payload's command line carries ``marker``:
-    a Python child of bwrap's PID 1 (bwrap's own command lines carry the marker too)."""
+    a child of bwrap's PID 1 running inner.py in Python, or the compiled init (bwrap's own
+    command lines carry the marker too)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for entry in os.listdir("/proc"):
@@ -151,8 +152,10 @@ def _init_of(marker: str, timeout: float = 60) -> int:
                 ppid = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[1]
             except (OSError, IndexError):
                 continue
-            if (b"/run/corral/init.py" in argv and any(marker.encode() in a for a in argv)
-                    and _exe(entry).startswith("python") and _exe(ppid) == "bwrap"):
+            python = b"/run/corral/init.py" in argv and _exe(entry).startswith("python")
+            compiled = argv[0] == b"/run/corral/init" and _exe(entry) == "init"
+            if ((python or compiled) and any(marker.encode() in a for a in argv)
+                    and _exe(ppid) == "bwrap"):
                 return int(entry)
         time.sleep(0.05)
     raise AssertionError(f"no init for {marker}")

@@ -20,7 +20,7 @@ from agent_lab import Lab
 from conftest import IS_ROOT, Identity
 from terminal import WAIT_S, Pane
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
-from . import agent, audit, egress, enforce, guard, host, resolve, workspace
+from . import agent, audit, cinit, egress, enforce, guard, host, resolve, workspace
 from .bwrap import Sandbox
 from .enforce import Limited
 from .errors import CorralError, Interrupted, UsageError
@@ -175,6 +175,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
+    cinit.choice()  # a bad CORRAL_INIT, or the compiled init asked for and not built
     run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir, inputs=inputs,
                                   runs_dir=runs_dir, facts=facts, own_workspace=own_workspace)
     sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
@@ -185,7 +186,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
         audit.census_of_tree(run_dir.workspace, owner, names)
     record: dict[str, Any] = {
         "run_id": run_dir.run_id, "command": list(cmd), "profile": policy.name,
-        "workspace": run_dir.workspace, "uid": uid, "gid": gid,
+        "workspace": run_dir.workspace, "uid": uid, "gid": gid, "init": _init_name(sb, policy),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
     }
     workspace.write_record(run_dir.record_path, record)
@@ -205,6 +206,11 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     workspace.write_record(run_dir.record_path, record)
     return result
+
+
+def _init_name(sb: Sandbox, policy: Policy) -> str:
+    """Which init the run gets (corral.cinit): egress attaches the Python one."""
+    return "c" if sb.init_binary is not None and not policy.network.allow else "python"
 
 
 def _unwound(e: BaseException, record: dict[str, Any], path: str | None,
@@ -252,6 +258,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
+    cinit.choice()
     sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env, prepare=True,
                                      import_state=import_state)
     if announce is not None:
@@ -260,7 +267,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         if record else None
     entry: dict[str, Any] = {
         "command": list(cmd), "profile": policy.name, "project": layout.project,
-        "uid": sb.uid, "gid": sb.gid, "status": "running",
+        "uid": sb.uid, "gid": sb.gid, "status": "running", "init": _init_name(sb, policy),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if run_dir is not None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 __all__ = [
+    "CINIT_PATH",
     "INIT_PATH",
     "Data",
     "FdTable",
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 INIT_PATH = "/run/corral/init.py"
+CINIT_PATH = "/run/corral/init"  # the compiled init (corral.cinit), when a run has it
 
 
 class Data(NamedTuple):
@@ -211,6 +213,8 @@ class Sandbox:
     chdir: str = "/work"
     hostname: str = "corral"
     seccomp: bytes | None = field(default=None, repr=False)
+    # The compiled init (corral.cinit) in place of inner.py and its interpreter; None: Python.
+    init_binary: bytes | None = field(default=None, repr=False)
 
 
 def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
@@ -311,7 +315,11 @@ def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
     ops: list[Op] = list(_namespace_flags(sb))
     ops.extend(sb.mounts)
     ops.append(Dir(os.path.dirname(INIT_PATH)))
-    for dest, content in ((INIT_PATH, sb.init_source), *sb.files):
+    if sb.init_binary is not None:
+        ops.append(RoData(Data(CINIT_PATH, sb.init_binary), CINIT_PATH, 0o555))
+    else:
+        ops.append(RoData(Data(INIT_PATH, sb.init_source), INIT_PATH))
+    for dest, content in sb.files:
         ops.append(RoData(Data(dest, content), dest))
     ops.extend(sb.seal)
     ops.append(Flag(("--clearenv",)))  # before any --setenv (fact 11)
@@ -326,6 +334,8 @@ def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
 
 def command(sb: Sandbox, config_fd: int) -> list[str]:
     """The words after ``--``: corral's init, its config descriptor, then the payload."""
+    if sb.init_binary is not None:
+        return [CINIT_PATH, str(config_fd), *sb.argv]
     return [sb.init_python, "-I", "-S", "-B", INIT_PATH, str(config_fd), *sb.argv]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from . import seccomp
+from . import cinit, seccomp
 from .host import HostFacts, detect
 
 if TYPE_CHECKING:
@@ -114,7 +114,8 @@ def report() -> dict[str, Any]:
 
     facts = detect()
     strict = tuple(n for n in builtin_profiles() if not load_profile(n).unix_sockets)
-    return assess(facts, probe(facts), load_profile("python").limits, strict)
+    return {**assess(facts, probe(facts), load_profile("python").limits, strict),
+            "init": cinit.describe()}
 
 
 def _filter_line(d: dict[str, Any]) -> str:
@@ -140,6 +141,7 @@ def render_text(data: dict[str, Any]) -> str:
         f"libseccomp:       {data['libseccomp'] or 'not found'}",
         f"seccomp filter:   {_filter_line(data['seccomp'])}",
         f"python (init):    {data['python']['path']}",
+        *([f"init:             {data['init']}"] if "init" in data else []),
         "",
         "protections:",
     ]

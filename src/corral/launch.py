@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import bwrap, fsops, tty
+from . import bwrap, cinit, fsops, tty
 from .bwrap import Data, PathHandle, Sandbox
 from .errors import HostError, LaunchError
 
@@ -200,7 +200,8 @@ class Launch:
                       cwd=self.sb.chdir)
         if self.terminal is not None:  # the descriptor the init makes its terminal
             config["tty"] = self.terminal.sandbox_fd(stderr_fd)
-        config_fd = self.handles.fd(Data("init-config", marshal.dumps(config)))
+        encoded = marshal.dumps(config) if self.sb.init_binary is None else cinit.encode(config)
+        config_fd = self.handles.fd(Data("init-config", encoded))
         ops = bwrap.build_ops(self.sb, status_fd=json_w)
         words = bwrap.render(ops, self.handles)
         # os.fsencode: a path from the project may not be UTF-8; it must reach bwrap as is.

@@ -13,7 +13,7 @@ import pwd
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from . import discover, interp, seccomp, syscalls
+from . import cinit, discover, interp, seccomp, syscalls
 from .bwrap import Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
@@ -207,6 +207,11 @@ def init_source() -> bytes:
         return f.read()
 
 
+def compiled_init() -> bytes | None:
+    """The compiled init's bytes when this run gets it (corral.cinit.choice)."""
+    return cinit.binary() if cinit.choice() == "c" else None
+
+
 def kernel_layers(policy: Policy, host: HostFacts, uid: int, gid: int,
                   writable: Sequence[str]) -> tuple[dict[str, Any], bytes | None]:
     """The init's config (identity, rlimits, Landlock, the payload's own seccomp
@@ -288,6 +293,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         argv=command.argv,
         init_python=host.python,
         init_source=init_source(),
+        init_binary=compiled_init(),
         init_config=config,
         root_mode=host.is_root,
         uid=uid,

@@ -365,6 +365,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         argv=(found, *argv[1:]),
         init_python=host.python,
         init_source=resolve.init_source(),
+        init_binary=resolve.compiled_init(),
         init_config=config,
         root_mode=host.is_root, uid=uid, gid=gid, disable_userns=disable_userns,
         mounts=tuple(agent_mounts(layout)),

@@ -1,0 +1,113 @@
+"""The compiled init (init.c): which init a sandbox gets, and its config encoding.
+
+inner.py, the Python init, starts an interpreter in every sandbox: about three quarters
+of a short run's cost (bench/RESULTS.md, "The launch floor").  init.c does the same job,
+with the same checks, in a static binary that ``make setup`` builds with the system's C
+compiler into ``init.bin`` beside this file.  Which one a run gets:
+
+* ``CORRAL_INIT`` unset or ``auto``: the compiled init when it is built, else inner.py
+  (an explicit fallback: the run record's ``init`` and ``corral doctor`` say which);
+* ``CORRAL_INIT=c``: the compiled init, or the run fails closed when it is not built;
+* ``CORRAL_INIT=python``: inner.py.
+
+A run with egress always gets inner.py, whatever the variable says: its bridge is
+Python code that runs inside the init (see :func:`corral.egress.session.attach`).
+
+The compiled init's config is NUL-terminated ``key=value`` records (no parser of
+marshal or JSON in C).  :func:`encode` refuses a key it does not know, and the init
+refuses one it does not know, so that a setting added to one init cannot be silently
+dropped by the other.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .errors import HostError, UsageError
+
+__all__ = ["BINARY", "available", "binary", "choice", "describe", "encode"]
+
+BINARY = os.path.join(os.path.dirname(__file__), "init.bin")
+SOURCE = os.path.join(os.path.dirname(__file__), "init.c")
+CHOICES = ("auto", "c", "python")
+PLAIN = ("status_fd", "stderr_fd", "tty", "uid", "gid", "pid")  # integers, or absent as None
+
+
+def available() -> bool:
+    """Whether the compiled init is built and not older than its source."""
+    try:
+        built = os.stat(BINARY).st_mtime
+    except OSError:
+        return False
+    try:
+        return built >= os.stat(SOURCE).st_mtime
+    except OSError:  # an installed package without the source: the binary is what shipped
+        return True
+
+
+def choice() -> str:
+    """``"c"`` or ``"python"``, from ``CORRAL_INIT`` (see the module doc)."""
+    wanted = os.environ.get("CORRAL_INIT", "") or "auto"
+    if wanted not in CHOICES:
+        raise UsageError(f"CORRAL_INIT={wanted} is not one of {', '.join(CHOICES)}", "",
+                         "unset it, or set it to auto, c or python")
+    if wanted == "python" or (wanted == "auto" and not available()):
+        return "python"
+    if not available():
+        raise HostError("CORRAL_INIT=c, but corral's compiled init is not built (or is older "
+                        f"than {SOURCE})", "building it needs a C compiler and a static libc",
+                        "run 'make setup' with gcc or cc installed, or unset CORRAL_INIT to "
+                        "use the Python init")
+    return "c"
+
+
+def describe() -> str:
+    """One line for ``corral doctor``: which init runs get here, and why."""
+    try:
+        which = choice()
+    except (HostError, UsageError) as e:
+        return f"none: runs refuse to start ({e})"
+    if which == "c":
+        return f"compiled ({BINARY}); runs with egress use the Python init (its bridge)"
+    if os.environ.get("CORRAL_INIT") == "python":
+        return "Python (CORRAL_INIT=python)"
+    return (f"Python: the compiled init is not built (or older than {SOURCE}); "
+            "'make setup' with a C compiler builds it")
+
+
+@functools.cache  # one read per process, as inner.py's source (corral.resolve.init_source)
+def binary() -> bytes:
+    with open(BINARY, "rb") as f:
+        return f.read()
+
+
+def encode(config: Mapping[str, Any]) -> bytes:
+    """``config`` (the Python init's dict) as the compiled init's records."""
+    out: list[str] = []
+    for key, value in config.items():
+        if value is None:
+            continue
+        out.extend(_records(key, value))
+    return b"".join(os.fsencode(r) + b"\0" for r in out)
+
+
+def _records(key: str, value: Any) -> list[str]:
+    if key in PLAIN:
+        return [f"{key}={int(value)}"]
+    if key == "cwd":
+        return [f"cwd={value}"]
+    if key == "payload_seccomp":
+        return [f"seccomp={value}"]
+    if key == "rlimits":
+        return [f"rlimit={name}:{int(soft)}:{int(hard)}" for name, (soft, hard) in value.items()]
+    if key == "landlock":
+        head = (f"landlock={int(value.get('min_abi', 1))}:{int(bool(value.get('best_effort')))}"
+                f":{int(bool(value.get('scope', True)))}")
+        return [head, *(f"rule={int(rights)}:{path}" for path, rights in value["rules"])]
+    if key == "expect_mounts":
+        return [f"mount={int(action == 'hide')}:{int(dev)}:{int(ino)}:{path}"
+                for path, action, dev, ino in value]
+    raise ValueError(f"the compiled init has no setting {key!r}")

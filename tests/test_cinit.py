@@ -1,0 +1,142 @@
+"""The compiled init (corral.cinit, src/corral/init.c): which init a run gets, its config,
+and that it fails closed on what it does not understand.
+
+The protections the init sets up are tested against both inits by the kernel-layer,
+seccomp, probe, resource, terminal and run suites (the ``each_init`` fixture)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import Identity, need
+from corral import api, cinit, egress
+from corral.bwrap import CINIT_PATH, INIT_PATH, Sandbox, build_ops, command, render
+from corral.errors import HostError, UsageError
+from corral.launch import Numbering
+from corral.policy import Network, Policy
+
+BASE = Sandbox(argv=("/bin/true",), init_python="/usr/bin/python3", init_source=b"# init",
+               init_config={}, root_mode=False, uid=1000, gid=1000, disable_userns=True,
+               mounts=(), init_binary=b"\x7fELF")
+
+
+def test_the_compiled_init_replaces_the_interpreter_and_its_file() -> None:
+    words = render(build_ops(BASE), Numbering(first=5))
+    at = words.index(CINIT_PATH)
+    assert words[at - 4:at + 1] == ["--perms", "0555", "--ro-bind-data", "5", CINIT_PATH]
+    assert INIT_PATH not in words
+    assert command(BASE, 9) == [CINIT_PATH, "9", "/bin/true"]
+
+
+def test_egress_always_gets_the_python_init() -> None:
+    """Its bridge is Python code that runs inside the init."""
+    bridge = egress.plan_bridge(egress.compile_rules(Network(allow=("example.test",))))
+    sb = egress.attach(BASE, bridge)
+    assert sb.init_binary is None
+    assert command(sb, 9)[:2] == ["/usr/bin/python3", "-I"]
+
+
+def test_encode_writes_every_setting_as_records() -> None:
+    config = {"status_fd": 4, "stderr_fd": 5, "tty": None, "uid": 65534, "gid": 65534,
+              "pid": 2, "cwd": "/work", "rlimits": {"nofile": [1024, 1024], "core": [0, 0]},
+              "landlock": {"rules": [["/work", 7], ["/a:b", 2]], "min_abi": 1,
+                           "best_effort": False, "scope": True},
+              "expect_mounts": [["/w/.git", "hide", 1, 2], ["/w/x", "bind", 3, 4]],
+              "payload_seccomp": "00" * 8}
+    assert cinit.encode(config).split(b"\0") == [
+        b"status_fd=4", b"stderr_fd=5", b"uid=65534", b"gid=65534", b"pid=2", b"cwd=/work",
+        b"rlimit=nofile:1024:1024", b"rlimit=core:0:0", b"landlock=1:0:1", b"rule=7:/work",
+        b"rule=2:/a:b", b"mount=1:1:2:/w/.git", b"mount=0:3:4:/w/x", b"seccomp=" + b"00" * 8,
+        b""]
+
+
+def test_encode_refuses_a_setting_the_compiled_init_lacks() -> None:
+    with pytest.raises(ValueError, match="egress"):
+        cinit.encode({"egress": {"port": 1}})
+
+
+def test_choice_follows_corral_init(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    for value, expected in (("", "c"), ("auto", "c"), ("c", "c"), ("python", "python")):
+        monkeypatch.setenv("CORRAL_INIT", value)
+        assert cinit.choice() == expected
+    monkeypatch.setenv("CORRAL_INIT", "fast")
+    with pytest.raises(UsageError, match="CORRAL_INIT=fast"):
+        cinit.choice()
+    # Not built: auto falls back to the Python init, "c" fails closed.
+    monkeypatch.setattr(cinit, "BINARY", str(tmp_path / "missing"))
+    monkeypatch.setenv("CORRAL_INIT", "auto")
+    assert cinit.choice() == "python"
+    assert "not built" in cinit.describe()
+    monkeypatch.setenv("CORRAL_INIT", "c")
+    with pytest.raises(HostError, match="not built"):
+        cinit.choice()
+    # Older than its source (init.c changed, make setup not run again): not used either.
+    stale = tmp_path / "init.bin"
+    stale.write_bytes(b"")
+    os.utime(stale, (0, 0))
+    monkeypatch.setattr(cinit, "BINARY", str(stale))
+    assert not cinit.available()
+
+
+def _run_init(config: bytes) -> tuple[int, list[dict[str, object]], bytes]:
+    """The compiled init started outside any sandbox with ``config``: it must refuse before
+    it does anything (it is root here: the checks come before any privileged step)."""
+    status_r, status_w = os.pipe()
+    cfg_r, cfg_w = os.pipe()
+    os.write(cfg_w, config.replace(b"STATUS", str(status_w).encode()))
+    os.close(cfg_w)
+    proc = subprocess.run([cinit.BINARY, str(cfg_r), "/bin/echo", "ran"], pass_fds=(cfg_r,
+                          status_w), capture_output=True, timeout=60, check=False)
+    os.close(cfg_r)
+    os.close(status_w)
+    with os.fdopen(status_r, "rb") as f:
+        events = [json.loads(line) for line in f.read().splitlines()]
+    return proc.returncode, events, proc.stdout
+
+
+@pytest.mark.parametrize("record", [b"bogus=1", b"uid=x", b"rule=7", b"mount=1:2:/x",
+                                    b"rlimit=stack:1:1", b"seccomp=abc", b"no-equals"])
+def test_the_compiled_init_refuses_what_it_does_not_understand(record: bytes) -> None:
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    code, events, out = _run_init(b"status_fd=STATUS\0" + record + b"\0")
+    assert code == 125 and out == b"", events
+    assert [e["event"] for e in events] == ["error"], events
+
+
+def test_the_compiled_init_control_runs_a_good_config() -> None:
+    """The negative control of the test above: the same start with a config it knows.
+    (Outside a sandbox, as this test's own user: no uid drop, no checks of PID 2.)"""
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    code, events, out = _run_init(b"status_fd=STATUS\0cwd=/\0")
+    assert code == 0 and out == b"ran\n", events
+    assert [e["event"] for e in events] == ["started", "exited"], events
+
+
+def test_a_run_records_which_init_it_got(who: Identity, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    for value, expected in (("", "c"), ("python", "python")):
+        monkeypatch.setenv("CORRAL_INIT", value)
+        r = who.corral_json("--", "/bin/true")
+        assert r["_rc"] == 0, r
+        record = json.loads(Path(r["record"]).read_text())
+        assert record["init"] == expected, record
+
+
+def test_asked_for_and_not_built_fails_closed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    monkeypatch.setattr(cinit, "BINARY", str(tmp_path / "missing"))
+    monkeypatch.setenv("CORRAL_INIT", "c")
+    runs = tmp_path / "runs"
+    with pytest.raises(HostError, match="compiled init is not built"):
+        api.run(["/bin/true"], Policy(), runs_dir=str(runs))
+    assert not runs.exists() or not list(runs.iterdir())  # nothing was created
+    monkeypatch.setenv("CORRAL_INIT", "auto")  # the explicit fallback: the Python init
+    r = api.run(["/bin/true"], Policy(), runs_dir=str(runs))
+    assert r.ok and json.loads(Path(r.record).read_text())["init"] == "python", r
