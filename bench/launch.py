@@ -159,7 +159,7 @@ class Placement:
 
     def by_child(self) -> float:
         return self._with_cgroup(lambda cg: cg.spawn(
-            lambda preexec: subprocess.Popen(self.argv, preexec_fn=preexec)))
+            lambda preexec, prefix: subprocess.Popen([*prefix, *self.argv], preexec_fn=preexec)))
 
 
 def measure(variants: dict[str, Timer], runs: int, gap: float = 0.0) -> dict[str, float]:

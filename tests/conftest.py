@@ -83,7 +83,7 @@ def readable_src(shared_tmp: Path) -> Path:
     shutil.copytree(Path(idna.__file__).parent, dest / "idna",
                     ignore=shutil.ignore_patterns("__pycache__"))
     for p in [dest, *dest.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
+        p.chmod(0o755 if p.is_dir() or p.name == "init.bin" else 0o644)  # cinit.joiner
     return dest
 
 

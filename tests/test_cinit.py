@@ -140,3 +140,39 @@ def test_asked_for_and_not_built_fails_closed(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("CORRAL_INIT", "auto")  # the explicit fallback: the Python init
     r = api.run(["/bin/true"], Policy(), runs_dir=str(runs))
     assert r.ok and json.loads(Path(r.record).read_text())["init"] == "python", r
+
+
+def test_the_joiner_starts_nothing_outside_the_cgroup(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compiled init's --join mode (corral.cgroups.RunCgroup.spawn): a move that fails
+    stops before the command; the control, with the cgroup in place, runs it inside."""
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    need(os.geteuid() == 0, "root creates cgroups without delegation (the user's runs "
+                            "join through it in test_resources, under each_init)")
+    from corral import host
+    from corral.cgroups import RunCgroup
+    from corral.enforce import check
+    from corral.policy import Limits
+
+    monkeypatch.setenv("CORRAL_INIT", "c")
+    plan = check(Policy(limits=Limits(pids=64)), host.detect())
+    marker = tmp_path / "ran"
+    cmd = ["/bin/sh", "-c", f"cat /proc/self/cgroup > {marker}"]
+    for present in (False, True):
+        cg = RunCgroup(plan, f"joiner-test-{os.getpid()}-{present}")
+        cg.create()
+        try:
+            if not present:
+                for d in cg.unique:
+                    os.rmdir(d)
+            proc = cg.spawn(lambda preexec, prefix: subprocess.Popen(
+                [*prefix, *cmd], preexec_fn=preexec, stderr=subprocess.PIPE))
+            _, err = proc.communicate(timeout=60)
+        finally:
+            cg.close()
+        if present:
+            assert proc.returncode == 0, err
+            assert cg.run_id in marker.read_text()
+        else:
+            assert proc.returncode == 125 and b"corral-join: cannot enter" in err, err
+            assert not marker.exists()

@@ -466,8 +466,8 @@ def test_cgroup_v2_mechanics_on_the_unified_mount() -> None:
     cg.create()
     proc = None
     try:
-        proc = cg.spawn(lambda preexec: subprocess.Popen(
-            ["/bin/sh", "-c", "sleep 300 & sleep 300 & while :; do :; done"],
+        proc = cg.spawn(lambda preexec, prefix: subprocess.Popen(
+            [*prefix, "/bin/sh", "-c", "sleep 300 & sleep 300 & while :; do :; done"],
             preexec_fn=preexec))
         assert f"0::/{base.name}/run" in Path(f"/proc/{proc.pid}/cgroup").read_text()
         deadline = time.monotonic() + 30

@@ -6,12 +6,13 @@ The CLI is a thin layer over this module; both behave the same way.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, cast, overload
 
-from . import agent, audit, cinit, egress, enforce, guard, host, resolve, workspace
+from . import audit, cinit, egress, enforce, guard, host, resolve, workspace
 from .bwrap import Sandbox
 from .enforce import Limited
 from .errors import CorralError, Interrupted, UsageError
@@ -19,7 +20,8 @@ from .limits import Plan
 from .policy import Policy
 from .workspace import Change, RunDir
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # and imported where used: `corral run` pays for neither (bench/floor.py)
+    from . import agent
     from .request import RunRequest
     from .result import RunResult
 
@@ -161,9 +163,8 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     ``runs_dir``), runs it with :func:`corral.execute.run_request` and returns its
     :class:`~corral.result.RunResult`, which never raises for a bad request.
     """
-    from .request import RunRequest
-
-    if isinstance(cmd, RunRequest):
+    requests = sys.modules.get("corral.request")  # not imported: cmd cannot be a RunRequest
+    if requests is not None and isinstance(cmd, requests.RunRequest):
         if policy is not None or workspace_dir or inputs or not capture or stdin or env:
             raise UsageError("a RunRequest is run with runs_dir alone",
                              "it carries its own profile, limits, files, stdin and env",
@@ -171,6 +172,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
         from .execute import run_request
 
         return run_request(cmd, runs_dir=runs_dir)
+    cmd = cast("Sequence[str]", cmd)  # what isinstance would have narrowed it to
     policy = policy or Policy()
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
@@ -240,6 +242,8 @@ def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
                env: Sequence[tuple[str, str]] = ()) -> tuple[Sandbox, agent.Layout]:
     """The sandbox :func:`run_agent` would start in ``project``, creating nothing."""
     wants_network = _check_network(policy)
+    from . import agent
+
     sb, layout = agent.resolve_agent(policy, list(cmd), host.detect(), project, env)
     return (egress.attach(sb, _planned_bridge(policy)) if wants_network else sb), layout
 
@@ -255,6 +259,8 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     corral's private copy again (see :mod:`corral.agent.state`).  ``announce`` sees the
     sandbox just before launch.
     """
+    from . import agent
+
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created

@@ -29,7 +29,7 @@ import pwd
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 from .errors import HostError
@@ -57,7 +57,8 @@ class Spawned(Protocol):
 
 
 P = TypeVar("P", bound=Spawned)
-Start = Callable[[Callable[[], None] | None], P]
+# start(preexec, prefix): Popen ``[*prefix, *argv]`` with ``preexec_fn=preexec``.
+Start = Callable[[Callable[[], None] | None, Sequence[str]], P]
 
 
 def _read(path: str) -> str | None:
@@ -209,14 +210,22 @@ class RunCgroup:
             raise OSError(errno.EIO, f"wrote {value}, the kernel kept {got or 'nothing'}", path)
 
     def spawn(self, start: Start[P]) -> P:
-        """Start bwrap inside the run's cgroups; ``start(preexec)`` does the Popen.
+        """Start bwrap inside the run's cgroups; ``start(preexec, prefix)`` does the Popen.
 
         The child moves itself between fork and exec, so nothing of corral's
         ever sits in the run's cgroups (where the OOM killer could pick it).
         A failed move fails the child before exec: nothing starts unlimited.
+        With the compiled init built, the child is that binary's ``--join`` mode,
+        which moves itself and execs bwrap (a prefix of the argv): no preexec_fn,
+        so subprocess can vfork instead of forking the launcher (corral.cinit).
         """
         targets = [os.fsencode(os.path.join(d, "tasks" if self.version == 1 else "cgroup.procs"))
                    for d in self.unique]
+        from . import cinit
+
+        joiner = cinit.joiner()
+        if joiner is not None:
+            return start(None, [joiner, "--join", *map(os.fsdecode, targets), "--"])
 
         def join() -> None:  # in the forked child: os calls only, paths made beforehand
             for path in targets:
@@ -227,7 +236,7 @@ class RunCgroup:
                     os.close(fd)
 
         try:
-            return start(join)
+            return start(join, ())
         except subprocess.SubprocessError as e:
             raise HostError("bwrap could not enter the run's cgroup", str(e),
                             "run 'corral doctor' to see what this host enforces") from None

@@ -28,7 +28,7 @@ from typing import Any
 
 from .errors import HostError, UsageError
 
-__all__ = ["BINARY", "available", "binary", "choice", "describe", "encode"]
+__all__ = ["BINARY", "available", "binary", "choice", "describe", "encode", "joiner"]
 
 BINARY = os.path.join(os.path.dirname(__file__), "init.bin")
 SOURCE = os.path.join(os.path.dirname(__file__), "init.c")
@@ -76,6 +76,14 @@ def describe() -> str:
         return "Python (CORRAL_INIT=python)"
     return (f"Python: the compiled init is not built (or older than {SOURCE}); "
             "'make setup' with a C compiler builds it")
+
+
+def joiner() -> str | None:
+    """The compiled init, to run on the host as ``--join`` (corral.cgroups.RunCgroup.spawn),
+    when it is built, executable here, and CORRAL_INIT does not say ``python``."""
+    if os.environ.get("CORRAL_INIT") == "python" or not available():
+        return None
+    return BINARY if os.access(BINARY, os.X_OK) else None
 
 
 @functools.cache  # one read per process, as inner.py's source (corral.resolve.init_source)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -97,12 +96,15 @@ def add_network_flags(p: Any) -> None:
 
 def network_from_args(network: Any, args: argparse.Namespace) -> Any:
     """The profile's network rules plus those given as flags."""
-    from .egress.rules import parse_pin
     from .policy import Network
 
+    pins: tuple[tuple[str, str], ...] = ()
+    if args.resolve:  # the rules' parser costs a few ms to import: only when needed
+        from .egress.rules import parse_pin
+
+        pins = tuple(parse_pin(p) for p in args.resolve)
     return Network(allow=(*network.allow, *args.allow_domain),
-                   deny=(*network.deny, *args.deny_domain),
-                   resolve=(*network.resolve, *(parse_pin(p) for p in args.resolve)))
+                   deny=(*network.deny, *args.deny_domain), resolve=(*network.resolve, *pins))
 
 
 def network_line(network: Any) -> str:
@@ -387,6 +389,8 @@ def cmd_probe(args: argparse.Namespace) -> int:
     from .probe import launcher_for, probe, render_text
 
     report = probe(launcher_for(args.launcher, args.profile, args.allow), args.check)
+    import shutil
+
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
     print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report, width))
     return 0 if report.passed else 1

@@ -19,7 +19,13 @@
  *     close-on-exec: EOF means exec), waits, reports how the payload ended, and exits
  *     the same way.  A setup failure is an "error" event and exit status 125.
  *
- * Built statically by `make setup` (no dependency on the sandbox's /usr). */
+ * Built statically by `make setup` (no dependency on the sandbox's /usr).
+ *
+ * The same binary, started on the host as `init --join TASKS... -- BWRAP ARGS...`,
+ * puts itself into the run's cgroups (writing 0 into each v1 tasks or v2 cgroup.procs
+ * file) and execs bwrap: what corral.cgroups did in a Python preexec_fn, which forces
+ * subprocess to fork the whole launcher instead of vfork (about 5 ms a run).  A failed
+ * move stops before bwrap runs: nothing starts outside its limits. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -475,7 +481,27 @@ static int wait_for(pid_t pid) {
     return status;
 }
 
+static int join_and_exec(char **argv) {
+    int i = 2;
+    for (; argv[i] && strcmp(argv[i], "--") != 0; i++) {
+        int fd = open(argv[i], O_WRONLY | O_CLOEXEC);
+        if (fd < 0 || write(fd, "0", 1) != 1) {
+            dprintf(2, "corral-join: cannot enter %s: %s\n", argv[i], strerror(errno));
+            return SETUP_FAILED;
+        }
+        close(fd);
+    }
+    if (!argv[i] || !argv[i + 1]) {
+        dprintf(2, "corral-join: usage: init --join TASKS... -- COMMAND...\n");
+        return SETUP_FAILED;
+    }
+    execv(argv[i + 1], argv + i + 1);
+    dprintf(2, "corral-join: cannot execute %s: %s\n", argv[i + 1], strerror(errno));
+    return SETUP_FAILED;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--join") == 0) return join_and_exec(argv);
     if (argc < 3) {
         static const char usage[] = "corral init: usage: init CONFIG_FD ARGV...\n";
         if (write(2, usage, sizeof usage - 1) < 0) { /* exit status says it */ }

@@ -136,6 +136,9 @@ def _translate(stderr: str, host_hint: str) -> LaunchError | HostError:
                          "unprivileged user namespaces are disabled or restricted here"
                          + host_hint,
                          "run 'corral doctor' for this host's cause and fix")
+    if text.startswith("corral-join: "):  # the compiled init's --join mode (corral.cgroups)
+        return HostError("bwrap could not enter the run's cgroup", text.split(": ", 1)[1],
+                         "run 'corral doctor' to see what this host enforces")
     if "make / slave" in text:
         return HostError(f"bwrap could not set up mounts ({text})",
                          "this looks like a container without mount rights",
@@ -236,10 +239,11 @@ class Launch:
                 self._close(stderr_fd)
                 stderr_fd = pty_err
         argv, keep = self.argv(status_w, json_w, stderr_fd)
-        def popen(preexec: Callable[[], None] | None) -> subprocess.Popen[bytes]:
+        def popen(preexec: Callable[[], None] | None, prefix: Sequence[str] = ()
+                  ) -> subprocess.Popen[bytes]:
             return subprocess.Popen(
-                argv, stdin=stdin, stdout=stdout, stderr=err_w, pass_fds=keep, close_fds=True,
-                env={}, cwd="/", restore_signals=True, preexec_fn=preexec)
+                [*prefix, *argv], stdin=stdin, stdout=stdout, stderr=err_w, pass_fds=keep,
+                close_fds=True, env={}, cwd="/", restore_signals=True, preexec_fn=preexec)
 
         self.started_at = time.monotonic()
         try:

@@ -25,7 +25,6 @@ Schema (every key optional)::
 
 from __future__ import annotations
 
-import difflib
 import os
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
@@ -120,6 +119,8 @@ SECTIONS: dict[str, dict[str, Check] | Check] = {
 
 
 def _unknown(key: str, known: list[str], where: str) -> ProfileError:
+    import difflib  # only for a misspelt name
+
     close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
     hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
     return ProfileError(f"unknown key {key!r} in {where}", hint,
@@ -213,6 +214,8 @@ def load_profile(name_or_path: str) -> Policy:
         shipped = os.path.join(SHIPPED, f"{name_or_path}.toml")
         if "\0" in name_or_path or not os.path.isfile(shipped):
             known = builtin_profiles()
+            import difflib
+
             close = difflib.get_close_matches(name_or_path, known, n=1)
             raise ProfileError(f"no profile named {name_or_path!r}",
                                f"did you mean {close[0]!r}?" if close
