@@ -22,13 +22,13 @@ from corral.policy import Network, Policy
 
 BASE = Sandbox(argv=("/bin/true",), init_python="/usr/bin/python3", init_source=b"# init",
                init_config={}, root_mode=False, uid=1000, gid=1000, disable_userns=True,
-               mounts=(), init_binary=b"\x7fELF")
+               mounts=(), init_binary="/opt/corral/init.bin")
 
 
 def test_the_compiled_init_replaces_the_interpreter_and_its_file() -> None:
     words = render(build_ops(BASE), Numbering(first=5))
     at = words.index(CINIT_PATH)
-    assert words[at - 4:at + 1] == ["--perms", "0555", "--ro-bind-data", "5", CINIT_PATH]
+    assert words[at - 2:at + 1] == ["--ro-bind-fd", "5", CINIT_PATH]
     assert INIT_PATH not in words
     assert command(BASE, 9) == [CINIT_PATH, "9", "/bin/true"]
 
@@ -76,11 +76,18 @@ def test_choice_follows_corral_init(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.setenv("CORRAL_INIT", "c")
     with pytest.raises(HostError, match="not built"):
         cinit.choice()
-    # Older than its source (init.c changed, make setup not run again): not used either.
-    stale = tmp_path / "init.bin"
-    stale.write_bytes(b"")
-    os.utime(stale, (0, 0))
-    monkeypatch.setattr(cinit, "BINARY", str(stale))
+    # Bound into every sandbox as it is: a copy anyone else may rewrite is not used; nor
+    # one older than its source (init.c changed, make setup not run again).
+    copy = tmp_path / "init.bin"
+    copy.write_bytes(Path(cinit.SOURCE).with_name("init.bin").read_bytes())
+    monkeypatch.setattr(cinit, "BINARY", str(copy))
+    copy.chmod(0o755)
+    assert cinit.available()  # the control
+    for mode in (0o775, 0o757, 0o750, 0o644):
+        copy.chmod(mode)
+        assert not cinit.available(), oct(mode)
+    copy.chmod(0o755)
+    os.utime(copy, (0, 0))
     assert not cinit.available()
 
 

@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import platform
 import stat
 import threading
 from collections.abc import Iterator
@@ -181,9 +180,9 @@ def _read_capped(fd: int, cap: int, name: str) -> bytes:
 
 
 def _setgroups(groups: list[int]) -> None:
-    number = SYS_SETGROUPS.get(platform.machine())
+    number = SYS_SETGROUPS.get(os.uname().machine)
     if number is None:
-        raise OSError(errno.ENOSYS, f"no thread-local setgroups known on {platform.machine()}")
+        raise OSError(errno.ENOSYS, f"no thread-local setgroups known on {os.uname().machine}")
     array = (ctypes.c_uint32 * max(len(groups), 1))(*groups)
     libc = _kernel().libc
     if libc.syscall(ctypes.c_long(number), ctypes.c_int(len(groups)), array) != 0:

@@ -213,8 +213,9 @@ class Sandbox:
     chdir: str = "/work"
     hostname: str = "corral"
     seccomp: bytes | None = field(default=None, repr=False)
-    # The compiled init (corral.cinit) in place of inner.py and its interpreter; None: Python.
-    init_binary: bytes | None = field(default=None, repr=False)
+    # The compiled init's host path (corral.cinit), bound read-only in place of inner.py and
+    # its interpreter; None: the Python init.
+    init_binary: str | None = None
 
 
 def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
@@ -315,8 +316,8 @@ def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
     ops: list[Op] = list(_namespace_flags(sb))
     ops.extend(sb.mounts)
     ops.append(Dir(os.path.dirname(INIT_PATH)))
-    if sb.init_binary is not None:
-        ops.append(RoData(Data(CINIT_PATH, sb.init_binary), CINIT_PATH, 0o555))
+    if sb.init_binary is not None:  # bound, not copied: --ro-bind-data of it took 1.5 ms
+        ops.append(BindFd(PathHandle(sb.init_binary, directory=False), CINIT_PATH, False))
     else:
         ops.append(RoData(Data(INIT_PATH, sb.init_source), INIT_PATH))
     for dest, content in sb.files:

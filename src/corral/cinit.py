@@ -21,14 +21,14 @@ dropped by the other.
 
 from __future__ import annotations
 
-import functools
 import os
+import stat
 from collections.abc import Mapping
 from typing import Any
 
 from .errors import HostError, UsageError
 
-__all__ = ["BINARY", "available", "binary", "choice", "describe", "encode", "joiner"]
+__all__ = ["BINARY", "available", "choice", "describe", "encode", "joiner"]
 
 BINARY = os.path.join(os.path.dirname(__file__), "init.bin")
 SOURCE = os.path.join(os.path.dirname(__file__), "init.c")
@@ -37,15 +37,23 @@ PLAIN = ("status_fd", "stderr_fd", "tty", "uid", "gid", "pid")  # integers, or a
 
 
 def available() -> bool:
-    """Whether the compiled init is built and not older than its source."""
+    """Whether the compiled init is built, not older than its source, and fit to run.
+
+    It is bound into every sandbox as it is on disk and run there as the payload's uid,
+    and run on the host as the launcher: it must be executable by anyone, writable by
+    nobody but its owner (root or this user), and not on a noexec file system.
+    """
     try:
-        built = os.stat(BINARY).st_mtime
+        st = os.stat(BINARY)
+        noexec = bool(os.statvfs(BINARY).f_flag & os.ST_NOEXEC)
     except OSError:
         return False
+    fit = (stat.S_ISREG(st.st_mode) and st.st_mode & 0o555 == 0o555
+           and not st.st_mode & 0o022 and st.st_uid in (0, os.geteuid()) and not noexec)
     try:
-        return built >= os.stat(SOURCE).st_mtime
+        return fit and st.st_mtime >= os.stat(SOURCE).st_mtime
     except OSError:  # an installed package without the source: the binary is what shipped
-        return True
+        return fit
 
 
 def choice() -> str:
@@ -58,7 +66,8 @@ def choice() -> str:
         return "python"
     if not available():
         raise HostError("CORRAL_INIT=c, but corral's compiled init is not built (or is older "
-                        f"than {SOURCE})", "building it needs a C compiler and a static libc",
+                        f"than {SOURCE}, or not fit to run: see 'corral doctor')",
+                        "building it needs a C compiler and a static libc",
                         "run 'make setup' with gcc or cc installed, or unset CORRAL_INIT to "
                         "use the Python init")
     return "c"
@@ -74,7 +83,8 @@ def describe() -> str:
         return f"compiled ({BINARY}); runs with egress use the Python init (its bridge)"
     if os.environ.get("CORRAL_INIT") == "python":
         return "Python (CORRAL_INIT=python)"
-    return (f"Python: the compiled init is not built (or older than {SOURCE}); "
+    return (f"Python: the compiled init is not built, older than {SOURCE}, or not fit to run "
+            "(mode a+rx, no group or other write, yours or root's, not on a noexec mount); "
             "'make setup' with a C compiler builds it")
 
 
@@ -83,13 +93,7 @@ def joiner() -> str | None:
     when it is built, executable here, and CORRAL_INIT does not say ``python``."""
     if os.environ.get("CORRAL_INIT") == "python" or not available():
         return None
-    return BINARY if os.access(BINARY, os.X_OK) else None
-
-
-@functools.cache  # one read per process, as inner.py's source (corral.resolve.init_source)
-def binary() -> bytes:
-    with open(BINARY, "rb") as f:
-        return f.read()
+    return BINARY
 
 
 def encode(config: Mapping[str, Any]) -> bytes:

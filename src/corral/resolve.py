@@ -207,9 +207,9 @@ def init_source() -> bytes:
         return f.read()
 
 
-def compiled_init() -> bytes | None:
-    """The compiled init's bytes when this run gets it (corral.cinit.choice)."""
-    return cinit.binary() if cinit.choice() == "c" else None
+def compiled_init() -> str | None:
+    """The compiled init's path when this run gets it (corral.cinit.choice)."""
+    return cinit.BINARY if cinit.choice() == "c" else None
 
 
 def kernel_layers(policy: Policy, host: HostFacts, uid: int, gid: int,
