@@ -113,6 +113,7 @@ def test_a_read_only_path_inside_a_writable_folder_stays_read_only(who: Identity
     assert "SETTINGS" in ctl.stdout
 
 
+@pytest.mark.usefixtures("each_init")  # the init checks the mounts
 def test_a_mount_that_landed_elsewhere_stops_the_launch(who: Identity, lab: Lab,
                                                         readable_src: Path) -> None:
     """The init's own check, as when a racing sandbox swapped a folder during setup."""

@@ -33,12 +33,14 @@ def test_the_compiled_init_replaces_the_interpreter_and_its_file() -> None:
     assert command(BASE, 9) == [CINIT_PATH, "9", "/bin/true"]
 
 
-def test_egress_always_gets_the_python_init() -> None:
-    """Its bridge is Python code that runs inside the init."""
-    bridge = egress.plan_bridge(egress.compile_rules(Network(allow=("example.test",))))
-    sb = egress.attach(BASE, bridge)
-    assert sb.init_binary is None
-    assert command(sb, 9)[:2] == ["/usr/bin/python3", "-I"]
+def test_egress_is_served_by_the_compiled_init_too() -> None:
+    """The bridge's descriptor and every address it listens on, the proxy port first."""
+    rules = egress.compile_rules(Network(allow=("example.test", "127.0.0.1:11434", "[::1]:8080")))
+    sb = egress.attach(BASE, egress.plan_bridge(rules, fd=7))
+    assert command(sb, 9)[0] == CINIT_PATH
+    assert cinit.encode(sb.init_config).split(b"\0")[:-1] == [
+        b"bridge_fd=7", b"listen=3128:127.0.0.1", b"listen=11434:127.0.0.1",
+        b"listen=8080:::1"]
 
 
 def test_encode_writes_every_setting_as_records() -> None:
@@ -56,8 +58,8 @@ def test_encode_writes_every_setting_as_records() -> None:
 
 
 def test_encode_refuses_a_setting_the_compiled_init_lacks() -> None:
-    with pytest.raises(ValueError, match="egress"):
-        cinit.encode({"egress": {"port": 1}})
+    with pytest.raises(ValueError, match="bridge_source"):
+        cinit.encode({"bridge_source": "x"})
 
 
 def test_choice_follows_corral_init(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from conftest import Identity, need
 from egress_util import Origin, write_script
 from netns_util import run_in_netns
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 
 OWN = r"""
 import ipaddress, json, socket, threading

@@ -17,7 +17,7 @@ import pytest
 from conftest import Identity, need, raw_bwrap
 from egress_util import Origin, StaticOrigin, package_index, write_script
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 
 PIN = ("--allow-domain", "origin.test", "--resolve", "origin.test:127.0.0.1")
 

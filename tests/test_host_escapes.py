@@ -285,6 +285,7 @@ def test_renaming_a_parent_cannot_replace_what_is_protected(who: Identity, lab: 
     os.rename(lab.project / "pkg.orig", lab.project / "pkg")
 
 
+@pytest.mark.usefixtures("each_init")  # the init checks the mounts
 def test_the_init_checks_every_component_and_cgroups_are_hidden(who: Identity, lab: Lab
                                                                 ) -> None:
     (lab.project / "conf").mkdir()

@@ -188,7 +188,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
         audit.census_of_tree(run_dir.workspace, owner, names)
     record: dict[str, Any] = {
         "run_id": run_dir.run_id, "command": list(cmd), "profile": policy.name,
-        "workspace": run_dir.workspace, "uid": uid, "gid": gid, "init": _init_name(sb, policy),
+        "workspace": run_dir.workspace, "uid": uid, "gid": gid, "init": _init_name(sb),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
     }
     workspace.write_record(run_dir.record_path, record)
@@ -210,9 +210,9 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     return result
 
 
-def _init_name(sb: Sandbox, policy: Policy) -> str:
-    """Which init the run gets (corral.cinit): egress attaches the Python one."""
-    return "c" if sb.init_binary is not None and not policy.network.allow else "python"
+def _init_name(sb: Sandbox) -> str:
+    """Which init the run gets (corral.cinit)."""
+    return "c" if sb.init_binary is not None else "python"
 
 
 def _unwound(e: BaseException, record: dict[str, Any], path: str | None,
@@ -273,7 +273,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         if record else None
     entry: dict[str, Any] = {
         "command": list(cmd), "profile": policy.name, "project": layout.project,
-        "uid": sb.uid, "gid": sb.gid, "status": "running", "init": _init_name(sb, policy),
+        "uid": sb.uid, "gid": sb.gid, "status": "running", "init": _init_name(sb),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if run_dir is not None:

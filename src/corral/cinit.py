@@ -10,8 +10,8 @@ compiler into ``init.bin`` beside this file.  Which one a run gets:
 * ``CORRAL_INIT=c``: the compiled init, or the run fails closed when it is not built;
 * ``CORRAL_INIT=python``: inner.py.
 
-A run with egress always gets inner.py, whatever the variable says: its bridge is
-Python code that runs inside the init (see :func:`corral.egress.session.attach`).
+With egress, the compiled init serves the bridge itself (the job of
+corral/egress/bridge.py, which inner.py runs).
 
 The compiled init's config is NUL-terminated ``key=value`` records (no parser of
 marshal or JSON in C).  :func:`encode` refuses a key it does not know, and the init
@@ -80,7 +80,7 @@ def describe() -> str:
     except (HostError, UsageError) as e:
         return f"none: runs refuse to start ({e})"
     if which == "c":
-        return f"compiled ({BINARY}); runs with egress use the Python init (its bridge)"
+        return f"compiled ({BINARY})"
     if os.environ.get("CORRAL_INIT") == "python":
         return "Python (CORRAL_INIT=python)"
     return (f"Python: the compiled init is not built, older than {SOURCE}, or not fit to run "
@@ -119,6 +119,10 @@ def _records(key: str, value: Any) -> list[str]:
         head = (f"landlock={int(value.get('min_abi', 1))}:{int(bool(value.get('best_effort')))}"
                 f":{int(bool(value.get('scope', True)))}")
         return [head, *(f"rule={int(rights)}:{path}" for path, rights in value["rules"])]
+    if key == "egress":  # the bridge: its descriptor to the proxy, then what it listens on
+        listens = [(value.get("host", "127.0.0.1"), value["port"]), *value.get("relays", ())]
+        return [f"bridge_fd={int(value['fd'])}",
+                *(f"listen={int(port)}:{host}" for host, port in listens)]
     if key == "expect_mounts":
         return [f"mount={int(action == 'hide')}:{int(dev)}:{int(ino)}:{path}"
                 for path, action, dev, ino in value]

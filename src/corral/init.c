@@ -1,7 +1,6 @@
 /* corral's compiled init: the job of inner.py, without starting an interpreter.
  *
- * bwrap starts it as `/run/corral/init CONFIG_FD ARGV...` in every sandbox that has no
- * egress bridge (the bridge is Python, so those runs keep inner.py).  It reads the
+ * bwrap starts it as `/run/corral/init CONFIG_FD ARGV...` in every sandbox.  It reads the
  * config the launcher wrote with corral.cinit.encode: NUL-terminated "key=value"
  * records; an unknown key fails the run closed, so that the two inits cannot drift
  * apart silently.  Then, in the order inner.py documents:
@@ -9,15 +8,19 @@
  *  1. started by root: drops the capability bounding set, becomes uid/gid, empties
  *     every capability set and checks that nothing survived;
  *  2. checks that each re-mount inside a writable tree sits where it should;
- *  3. not dumpable (the payload may not read our descriptors); checks that it is the
- *     PID the seccomp filter protects, with one thread;
+ *  3. not dumpable (the payload may not read our descriptors); with egress, listens on
+ *     127.0.0.1 (and each relayed loopback address) *before* the fork, so the payload's
+ *     first connection never races it (corral/egress/bridge.py says how the bridge
+ *     works: it passes each accepted socket to the host's proxy, and reads none of it);
+ *     checks that it is the PID the seccomp filter protects, with one thread;
  *  4. forks; the child makes itself the OOM killer's first choice, takes the terminal,
  *     sets umask, working directory and rlimits, sets no_new_privs, applies Landlock,
  *     stacks the payload's seccomp filter, moves the real stderr to fd 2, closes every
  *     other descriptor and execs the payload;
  *  5. the parent reports "started" once the exec succeeded (the report pipe is
- *     close-on-exec: EOF means exec), waits, reports how the payload ended, and exits
- *     the same way.  A setup failure is an "error" event and exit status 125.
+ *     close-on-exec: EOF means exec), waits (serving the bridge meanwhile), reports how
+ *     the payload ended, and exits the same way.  A setup failure is an "error" event
+ *     and exit status 125.
  *
  * Built statically by `make setup` (no dependency on the sandbox's /usr).
  *
@@ -39,7 +42,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -51,6 +58,8 @@
 #define SETUP_FAILED 125
 #define CONFIG_MAX (8 << 20)
 #define MAX_ITEMS 4096
+#define MAX_LISTEN 64
+#define BACKLOG 4096
 
 /* Landlock (include/uapi/linux/landlock.h), spelled out: the build host's headers may
  * be older than the running kernel. */
@@ -70,6 +79,7 @@
 struct rule { uint64_t rights; const char *path; };
 struct mnt { int hide; uint64_t dev, ino; const char *path; };
 struct lim { int resource; rlim_t soft, hard; };
+struct listen { int port; const char *host; };
 
 struct config {
     int status_fd, stderr_fd, tty, pid;
@@ -80,6 +90,8 @@ struct config {
     struct mnt mounts[MAX_ITEMS]; int n_mounts;
     struct lim limits[16]; int n_limits;
     unsigned char *filter; size_t filter_len;
+    int bridge_fd; /* the unix socket pair end to the host's proxy; -1: no egress */
+    struct listen listens[MAX_LISTEN]; int n_listens; /* the first: the proxy port */
 };
 
 static struct config cfg; /* zeroed (.bss, not in the binary); defaults set by main */
@@ -197,6 +209,13 @@ static int record(char *rec) {
         cfg.limits[cfg.n_limits++] = (struct lim){res, (rlim_t)n[0], (rlim_t)n[1]};
         return 0;
     }
+    if (strcmp(k, "listen") == 0) {
+        const char *host = fields(v, n, 1);
+        if (host == NULL || !*host || n[0] < 1 || n[0] > 65535 || cfg.n_listens == MAX_LISTEN)
+            return fail("bad bridge address %s", v);
+        cfg.listens[cfg.n_listens++] = (struct listen){(int)n[0], host};
+        return 0;
+    }
     if (strcmp(k, "landlock") == 0) {
         if (fields(v, n, 3) == NULL) return fail("bad Landlock settings");
         cfg.landlock = 1;
@@ -208,6 +227,7 @@ static int record(char *rec) {
     else if (strcmp(k, "stderr_fd") == 0) cfg.stderr_fd = (int)n[0];
     else if (strcmp(k, "tty") == 0) cfg.tty = (int)n[0];
     else if (strcmp(k, "pid") == 0) cfg.pid = (int)n[0];
+    else if (strcmp(k, "bridge_fd") == 0) cfg.bridge_fd = (int)n[0];
     else if (strcmp(k, "uid") == 0) cfg.uid = (long)n[0];
     else if (strcmp(k, "gid") == 0) cfg.gid = (long)n[0];
     else return fail("corral's init does not know the setting %s; rebuild it (make setup)", k);
@@ -375,6 +395,82 @@ static int check_alone(void) {
     return 0;
 }
 
+/* -- the egress bridge ------------------------------------------------------------ */
+
+static int listeners[MAX_LISTEN];
+
+static int open_listener(const struct listen *l) {
+    int v6 = strchr(l->host, ':') != NULL, one = 1;
+    struct sockaddr_in a4 = {.sin_family = AF_INET, .sin_port = htons((uint16_t)l->port)};
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_port = htons((uint16_t)l->port)};
+    if (inet_pton(v6 ? AF_INET6 : AF_INET, l->host, v6 ? (void *)&a6.sin6_addr
+                                                       : (void *)&a4.sin_addr) != 1)
+        return fail("bad bridge address %s", l->host);
+    int fd = socket(v6 ? AF_INET6 : AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0
+        || bind(fd, v6 ? (struct sockaddr *)&a6 : (struct sockaddr *)&a4,
+                v6 ? sizeof a6 : sizeof a4) != 0
+        || listen(fd, BACKLOG) != 0)
+        return fail("the egress bridge cannot listen on %s port %d: %s", l->host, l->port,
+                    strerror(errno));
+    return fd;
+}
+
+static int start_bridge(void) {
+    if (cfg.bridge_fd < 0) return 0;
+    if (cfg.n_listens == 0 || fcntl(cfg.bridge_fd, F_SETFD, FD_CLOEXEC) != 0)
+        return fail("the egress bridge has no address or no descriptor to the proxy");
+    for (int i = 0; i < cfg.n_listens; i++)
+        if ((listeners[i] = open_listener(&cfg.listens[i])) < 0) return -1;
+    return 0;
+}
+
+/* Accept one waiting connection and pass the socket itself to the proxy; 0 when none
+ * was waiting (or accept failed: EMFILE and the like reset the client). */
+static int forward(int listener) {
+    int fd = accept4(listener, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) return 0;
+    char byte = 'c'; /* one byte per passed socket; the descriptor is the message */
+    struct iovec iov = {&byte, 1};
+    union { struct cmsghdr h; char buf[CMSG_SPACE(sizeof(int))]; } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    if (sendmsg(cfg.bridge_fd, &msg, MSG_NOSIGNAL) < 0) { /* the proxy is gone: a reset */ }
+    close(fd);
+    return 1;
+}
+
+static int wait_for(pid_t pid);
+
+/* Forward connections until the payload ends; its wait status. */
+static int serve_bridge(pid_t pid) {
+    struct pollfd fds[MAX_LISTEN + 1];
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) return wait_for(pid); /* no pidfd (Linux < 5.3): no forwarding */
+    for (int i = 0; i < cfg.n_listens; i++) fds[i] = (struct pollfd){listeners[i], POLLIN, 0};
+    fds[cfg.n_listens] = (struct pollfd){pidfd, POLLIN, 0};
+    for (;;) {
+        if (poll(fds, (nfds_t)cfg.n_listens + 1, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        if (fds[cfg.n_listens].revents) break;
+        for (int i = 0; i < cfg.n_listens; i++)
+            if (fds[i].revents)
+                while (forward(fds[i].fd)) {}
+    }
+    close(pidfd);
+    for (int i = 0; i < cfg.n_listens; i++) close(listeners[i]);
+    close(cfg.bridge_fd);
+    return wait_for(pid);
+}
+
 /* -- the payload's confinement, in the forked child ------------------------------- */
 
 static uint64_t write_access(int abi) {
@@ -509,13 +605,17 @@ int main(int argc, char **argv) {
     }
     int pipe_fds[2];
     pid_t pid = -1;
-    cfg.status_fd = cfg.stderr_fd = cfg.tty = cfg.pid = -1;
+    cfg.status_fd = cfg.stderr_fd = cfg.tty = cfg.pid = cfg.bridge_fd = -1;
+    /* As Python does for inner.py: a write to a launcher that is gone is EPIPE, never death
+     * (the payload's child sets both back to the default before exec). */
+    signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN);
     cfg.uid = cfg.gid = -1;
     cfg.cwd = "/";
     if (read_config(atoi(argv[1])) != 0
         || (cfg.uid >= 0 && getuid() == 0 && drop_to((uid_t)cfg.uid, (gid_t)cfg.gid) != 0)
         || check_mounts() != 0 || prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0
-        || check_alone() != 0 || pipe2(pipe_fds, O_CLOEXEC) != 0
+        || start_bridge() != 0 || check_alone() != 0 || pipe2(pipe_fds, O_CLOEXEC) != 0
         || (pid = fork()) < 0) {
         if (!failure[0]) snprintf(failure, sizeof failure, "%s", strerror(errno));
         send_error(failure);
@@ -540,7 +640,7 @@ int main(int argc, char **argv) {
         return SETUP_FAILED;
     }
     send_int("started", "pid", pid);
-    int status = wait_for(pid);
+    int status = cfg.bridge_fd >= 0 ? serve_bridge(pid) : wait_for(pid);
     if (status < 0) return SETUP_FAILED; /* no end reported: the launcher says "error" */
     if (WIFSIGNALED(status)) {
         send_int("signaled", "signal", WTERMSIG(status));

@@ -102,8 +102,7 @@ def attach(sb: Sandbox, bridge: Bridge) -> Sandbox:
     env.update(proxy_env(bridge.port))
     return replace(sb, env=tuple(env.items()),
                    files=(*sb.files, (BRIDGE_PATH, bridge_source())),
-                   init_config={**sb.init_config, "egress": bridge.config()},
-                   init_binary=None)  # the bridge runs in the Python init (corral.cinit)
+                   init_config={**sb.init_config, "egress": bridge.config()})
 
 
 class Session:
