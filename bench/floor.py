@@ -16,7 +16,10 @@ variant alike (medians; wall time and CPU time beside it):
    sandbox's PID 1 exists, until the init reports "started", until the payload's end is
    reported, until bwrap is gone, collect);
 3. a pool of 4 threads on the cores this machine has, runs per second, ``/bin/true`` and
-   ``python3 -c 'print(1)'``, corral.run against the seed line.
+   ``python3 -c 'print(1)'``, corral.run against the seed line;
+4. ``corral agent -- /bin/true`` with the generic profile (no network: no proxy) and the
+   claude profile (its model API allowed: the egress proxy starts), against sandbox-runtime's
+   ``srt -- /bin/true`` when it is installed (``npm install -g @anthropic-ai/sandbox-runtime``).
 
 CPU time is getrusage: the launcher's own (RUSAGE_SELF) plus its reaped children's
 (bwrap reaps the sandbox, so the children's figure covers every process of the run).
@@ -329,6 +332,41 @@ def pool_table(v: Variants, jobs: int, which: str | None) -> list[str]:
     return lines
 
 
+def agent_table(runs: int, which: str | None) -> list[str]:
+    """corral agent start-up against srt, interleaved (bench/agent.py's cases)."""
+    from agent import interleaved, timed
+
+    base = Path(tempfile.mkdtemp(prefix="corral-floor-agent-", dir="/var/tmp"))
+    home, project = base / "home", base / "home" / "dev" / "proj"
+    project.mkdir(parents=True)
+    (project / "README.md").write_text("bench\n")
+    if os.geteuid() == 0:  # corral runs an agent as the project's owner, never as root
+        for p in [base, *base.rglob("*")]:
+            os.chown(p, 65534, 65534)
+    env = {**os.environ, "HOME": str(home), **({"CORRAL_INIT": which} if which else {})}
+    corral = [str(Path(sys.executable).with_name("corral")), "agent", "--home", str(home)]
+    cases: dict[str, Callable[[], float]] = {
+        "corral agent, generic (no proxy)":
+            lambda: timed([*corral, "--profile", "generic", "--", "/bin/true"], project, env),
+        "corral agent, claude (egress proxy)":
+            lambda: timed([*corral, "--profile", "claude", "--", "/bin/true"], project, env)}
+    srt = shutil.which("srt")
+    if srt:
+        cases["srt -- /bin/true"] = lambda: timed([srt, "--", "/bin/true"], project, env)
+    try:
+        times = interleaved(cases, runs)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    ref = med.get("srt -- /bin/true")
+    lines = ["| command | median ms | vs srt |", "|---|---:|---:|"]
+    lines += [f"| `{k}` | {v:.1f} | {f'{v / ref:.2f}x' if ref else 'n/a'} |"
+              for k, v in med.items()]
+    if ref is None:
+        lines += ["", "srt is not installed here: no ratio."]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
@@ -358,6 +396,10 @@ def main() -> None:
         for which in inits:
             out += [f"### Pools of 4 threads ({args.jobs} runs each, {which or 'default'} init)",
                     "", *pool_table(v, args.jobs, which), ""]
+        for which in inits:
+            out += [f"### Agent start-up ({max(args.runs // 2, 5)} interleaved runs, "
+                    f"{which or 'default'} init)", "",
+                    *agent_table(max(args.runs // 2, 5), which), ""]
         out.append(f"Load average at the end: {os.getloadavg()[0]:.1f}.")
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -469,8 +469,13 @@ def test_cgroup_v2_mechanics_on_the_unified_mount() -> None:
         proc = cg.spawn(lambda preexec, prefix: subprocess.Popen(
             [*prefix, "/bin/sh", "-c", "sleep 300 & sleep 300 & while :; do :; done"],
             preexec_fn=preexec))
-        assert f"0::/{base.name}/run" in Path(f"/proc/{proc.pid}/cgroup").read_text()
+        # The compiled init's --join mode moves itself after spawn returns (before it
+        # execs the command); inner.py's preexec_fn before: wait for either.
         deadline = time.monotonic() + 30
+        while (f"0::/{base.name}/run" not in Path(f"/proc/{proc.pid}/cgroup").read_text()
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
+        assert f"0::/{base.name}/run" in Path(f"/proc/{proc.pid}/cgroup").read_text()
         while (cg.cpu_s() or 0) < 0.2 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(cg.pids()) == 3 and (cg.cpu_s() or 0) >= 0.2
