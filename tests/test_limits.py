@@ -9,26 +9,38 @@ where a host has it.
 from __future__ import annotations
 
 import os
+import select
+import stat
+import subprocess
+import sys
+import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from corral.errors import HostError
+from corral import diskuse
+from corral.diskuse import BLOCK, MAX_DEPTH, Unmeasurable, measure
+from corral.errors import HostError, UsageError
 from corral.limits import (
     OVERHEAD_PIDS,
+    TCP_SHARE_MAX,
     Access,
     Usage,
     cfs_quota,
     doctor_rows,
+    image_size,
+    mke2fs_argv,
     parse_proc_cgroup,
     plan,
     requested,
+    tcp_share,
     usage,
     v2_delegated_base,
     verdict,
 )
 from corral.policy import Limits
-from corral.watch import BLOCK, MAX_DEPTH, Unmeasurable, Watch, measure
+from corral.watch import Watch
 
 V1 = Access(1, tuple((c, f"/cg/{c}/corral/uid-0") for c in ("memory", "pids", "cpu", "cpuacct")),
             memsw=True)
@@ -218,15 +230,25 @@ def test_measure_refuses_what_it_cannot_see(tmp_path: Path) -> None:
         measure(str(tmp_path))
 
 
-def test_watch_reports_disk_over_the_limit(tmp_path: Path) -> None:
+def _verdict_within(watch: Watch, seconds: float) -> str | None:
+    fd = watch.fileno()
+    assert fd is not None
+    ready, _, _ = select.select([fd], [], [], seconds)
+    return watch.verdict() if ready else None
+
+
+def test_watch_reports_disk_over_the_limit_from_its_thread(tmp_path: Path) -> None:
     watch = Watch(workspace=str(tmp_path), disk_bytes=1 << 20, cpu_s=None)
     (tmp_path / "before").write_bytes(b"z" * (4 << 20))  # the limit is on what is added
     watch.start()
-    watch.next_disk = 0
-    assert watch.check() is None
-    (tmp_path / "after").write_bytes(b"z" * (2 << 20))
-    watch.next_disk = 0
-    assert watch.check() == "disk-limit" and watch.describe()["limit_hit"] == "disk"
+    try:
+        assert _verdict_within(watch, 0.5) is None  # control: nothing added yet
+        (tmp_path / "after").write_bytes(b"z" * (2 << 20))
+        assert _verdict_within(watch, 30) == "disk-limit"
+    finally:
+        watch.stop()
+    assert watch.describe()["limit_hit"] == "disk"
+    assert watch.describe()["workspace_bytes_added_is"] == "at least"  # it stopped counting
 
 
 def test_watch_ends_a_run_over_its_cpu_time() -> None:
@@ -283,3 +305,151 @@ def test_a_directory_without_search_rights_is_restored_or_refused(tmp_path: Path
     finally:
         ws.chmod(0o700)
         (ws / "d").chmod(0o700)
+
+
+# -- one budget for memory and v1's separately counted socket buffers ---------------------
+
+
+def test_v1_splits_one_budget_between_memory_and_socket_buffers() -> None:
+    with_tcp = Access(1, V1.bases, memsw=True, tcp=True)
+    settings = dict(((c, f), v) for c, f, v in plan(ALL, with_tcp, False).settings)
+    memory, tcp = (int(settings["memory", f]) for f in ("memory.limit_in_bytes",
+                                                        "memory.kmem.tcp.limit_in_bytes"))
+    assert memory + tcp == 64 << 20 and tcp == 16 << 20  # a quarter of a small budget
+    assert int(settings["memory", "memory.memsw.limit_in_bytes"]) == memory
+    assert tcp_share(8 << 30) == TCP_SHARE_MAX  # at most 64 MiB of a big one
+    # Control: without kmem.tcp accounting nothing is split (and nothing is charged).
+    assert ("memory", "memory.limit_in_bytes", str(64 << 20)) in plan(ALL, V1, False).settings
+
+
+def test_v1_peak_is_memory_and_socket_buffers_added_up() -> None:
+    got = usage(1, _reader({("memory", "memory.max_usage_in_bytes"): "100\n",
+                            ("memory", "memory.kmem.tcp.max_usage_in_bytes"): "20\n"}))
+    assert got.peak_memory_bytes == 120
+    assert usage(1, _reader({("memory", "memory.max_usage_in_bytes"): "100\n"})
+                 ).peak_memory_bytes == 100
+
+
+# -- open files per run --------------------------------------------------------------------
+
+
+def test_open_files_per_process_shrink_so_that_the_run_stays_within_its_budget() -> None:
+    lim = Limits(pids=512, files=131072)
+    assert lim.process_nofile == 131072 // (512 + OVERHEAD_PIDS) == 254
+    assert (lim.pids + OVERHEAD_PIDS) * lim.process_nofile <= lim.files
+    assert Limits(pids=8, files=131072).process_nofile == 1024  # nofile itself caps it
+    # Control: no pids limit, nothing to share out (and nothing bounds the processes).
+    assert Limits(files=64).process_nofile == 1024
+
+
+def test_a_budget_too_small_for_the_processes_is_refused() -> None:
+    with pytest.raises(UsageError) as e:
+        Limits(pids=4096, files=262144)
+    assert "4096 processes leave 63 open files" in str(e.value) and "--pids" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [-1, 257, True])
+def test_pty_counts_are_checked(bad: int) -> None:
+    with pytest.raises(UsageError):
+        Limits(ptys=bad)
+    assert Limits(ptys=0).ptys == 0  # control: none is a valid count
+
+
+# -- the disk cap: an image per fresh workspace ------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [1, 1 << 20, 16 << 20, 2 << 30])
+def test_image_leaves_room_for_ext4s_metadata(capacity: int) -> None:
+    size = image_size(capacity)
+    assert size % 4096 == 0 and size >= capacity + capacity // 8 + (1 << 20)
+
+
+def test_mke2fs_argv_is_exact() -> None:
+    assert mke2fs_argv("/usr/sbin/mke2fs", "/r/work.img", (65534, 65534)) == [
+        "/usr/sbin/mke2fs", "-q", "-F", "-t", "ext4", "-b", "4096", "-I", "256",
+        "-i", "4096", "-m", "0", "-O", "^has_journal,^resize_inode",
+        "-E", "lazy_itable_init=1,nodiscard,root_owner=65534:65534", "/r/work.img"]
+
+
+# -- the disk measure against descriptor tricks and floods (real processes, no sandbox) ----
+
+HOLD = r"""
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+path, trick = sys.argv[1], sys.argv[2]
+
+def hold():
+    if trick == "clone-files":
+        libc.unshare(0x400)  # CLONE_FILES: a descriptor table of this thread's own
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.unlink(path)
+    os.write(fd, b"h" * (4 << 20))
+    print("ready", flush=True)
+    time.sleep(60)
+
+thread = threading.Thread(target=hold)
+thread.start()
+if trick == "exit-leader":
+    time.sleep(0.5)
+    libc.syscall(SYS_EXIT, 0)  # only the leader thread ends
+thread.join()
+""".replace("SYS_EXIT", str({"x86_64": 60, "aarch64": 93}[__import__("platform").machine()]))
+
+
+def _held_by_leader(pid: int) -> int:
+    """What the old check read: regular deleted files in /proc/PID/fd."""
+    total = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        st = os.stat(f"/proc/{pid}/fd/{fd}")
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 0:
+            total += st.st_size
+    return total
+
+
+@pytest.mark.parametrize("trick", ["clone-files", "exit-leader"])
+def test_files_held_by_any_thread_are_counted(tmp_path: Path, trick: str) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(ws / "held"), trick],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(1)  # the leader has called SYS_exit by now
+        assert measure(str(ws), pids=[proc.pid]).bytes >= 4 << 20
+        assert _held_by_leader(proc.pid) == 0  # control: the leader's table shows nothing
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_huge_directory_is_read_in_chunks(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "f").touch()
+    for i in range(60_000):
+        os.link(big / "f", big / f"link-with-a-longish-name-{i}")
+    tracemalloc.start()
+    try:
+        assert measure(str(tmp_path)).entries == 60_002
+        walked = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        os.listdir(big)  # control: what the old walk did, one list of every name
+        listed = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert walked < (1 << 20) < listed, (walked, listed)
+
+
+def test_each_measurement_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(50):
+        (tmp_path / f"f{i}").touch()
+        os.link(tmp_path / f"f{i}", tmp_path / f"g{i}")
+    assert measure(str(tmp_path)).complete  # control: within the bounds, measured
+    monkeypatch.setattr(diskuse, "MAX_LINKED", 10)
+    with pytest.raises(Unmeasurable, match="hard links"):
+        measure(str(tmp_path))
+    monkeypatch.setattr(diskuse, "MAX_LINKED", 1000)
+    monkeypatch.setattr(diskuse, "TICK", 8)
+    monkeypatch.setattr(diskuse, "MAX_ENTRIES", 40)
+    with pytest.raises(Unmeasurable, match="more than 40 entries"):
+        measure(str(tmp_path))

@@ -87,6 +87,7 @@ class Layout(NamedTuple):
     findings: tuple[Finding, ...]  # inside writable trees
     tmp_bytes: int
     shm_bytes: int
+    ptys: int = 0  # the sandbox's own devpts holds at most this many (0: no ptys)
 
     def entries(self) -> list[Entry]:
         """The whole layout, for ``--dry-run``: what is writable, read-only, hidden, and why."""
@@ -113,7 +114,7 @@ def agent_mounts(layout: Layout) -> list[Op]:
         size = layout.tmp_bytes if tree in SCRATCH else None
         ops.append(Tmpfs(tree, size, 0o1777 if size else 0o755))
     ops += [RoData(Data(path, b""), path, 0o444) for path in layout.hidden_files]
-    ops += kernel_filesystems(layout.shm_bytes)
+    ops += kernel_filesystems(layout.shm_bytes, layout.ptys)
     for e in layout.read_only:
         ops.extend(parents(e.path, made))
         made.add(e.path)
@@ -339,7 +340,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         read_only=tuple(_read_only(policy, home, _program_mounts(found, hidden, home), host,
                                    hidden, writable)),
         writable=tuple(writable), findings=tuple(findings),
-        tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes)
+        tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes,
+        ptys=resolve.pty_bound(policy, host))
     expected = []
     for root in roots:  # deepest roots last: a finding is checked from its nearest root
         mine = [f for f in findings if _under(f.path, root)
@@ -359,6 +361,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         env=_environment(policy, home, user, search, extra_env),
         chdir=project,
         seccomp=program,
+        ptys=layout.ptys,
     ), layout
 
 

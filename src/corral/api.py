@@ -13,6 +13,7 @@ from typing import Any
 
 from . import agent, egress, enforce, guard, host, repos, resolve, workspace
 from .bwrap import Sandbox
+from .diskimage import Image
 from .enforce import Limited
 from .errors import UsageError
 from .limits import Plan
@@ -82,7 +83,8 @@ def _workspace_owner(path: str, facts: host.HostFacts, policy: Policy) -> tuple[
 
 def prepare(policy: Policy, *, workspace_dir: str | None, inputs: Sequence[str],
             runs_dir: str | None, facts: host.HostFacts) -> tuple[RunDir, tuple[int, int]]:
-    """Validate everything, then create the run directory: nothing exists if this raises."""
+    """Validate everything, then create the run directory (and copy ``inputs`` in): nothing
+    exists if this raises."""
     checked = workspace.check_inputs(inputs)
     if workspace_dir is not None:
         ws = guard.check_workspace(workspace_dir)
@@ -135,8 +137,14 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
-    run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir, inputs=inputs,
+    disk_why = enforce.image_unavailable(policy, facts, fresh=workspace_dir is None)
+    later = workspace.check_inputs(inputs) if disk_why is None else []  # into the image
+    run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir,
+                                  inputs=inputs if disk_why is not None else (),
                                   runs_dir=runs_dir, facts=facts)
+    image = None
+    if disk_why is None:
+        image, disk_why = _stage(run_dir, policy, later, (uid, gid))
     sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
     before = {} if run_dir.fresh else workspace.snapshot(run_dir.workspace)
     record: dict[str, Any] = {
@@ -145,22 +153,60 @@ def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str 
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
     }
     workspace.write_record(run_dir.record_path, record)
+    exported: dict[str, object] = {}
     try:
-        limited, denials, record["egress_log"] = _execute(
-            sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace, run_dir.root,
-            capture, stdin)
-    except Exception as e:
-        record.update(status="error", error=str(e))
-        workspace.write_record(run_dir.record_path, record)
+        try:
+            limited, denials, record["egress_log"] = _execute(
+                sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace, run_dir.root,
+                capture, stdin, image, disk_why)
+        finally:
+            if image is not None:  # every exit path: the run's files land in RUNS/<id>/work
+                exported = enforce.release_image(image, run_dir.workspace)
+    except BaseException as e:
+        _ended_badly(record, run_dir, before, exported, e)
         raise
     changes, cut = workspace.collect(run_dir.workspace, before)
     result = _result(limited, denials, cg_plan, workspace=run_dir.workspace,
                      record=run_dir.record_path, run_id=run_dir.run_id,
                      changes=tuple(changes), changes_truncated=cut)
-    record.update(result.to_json(), limits=limited.record)
+    record.update(result.to_json(), limits={**limited.record, **exported})
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     workspace.write_record(run_dir.record_path, record)
     return result
+
+
+def _stage(run_dir: RunDir, policy: Policy, inputs: Sequence[str], owner: tuple[int, int]
+           ) -> tuple[Image | None, str]:
+    """Started by root, a fresh workspace with a disk limit: its image (or, when the host
+    will not make one, the plain directory, measured instead), with the inputs in it."""
+    assert policy.limits.disk_bytes is not None
+    capacity = policy.limits.disk_bytes + workspace.input_bytes(inputs)
+    image, why = enforce.make_image(run_dir.root, capacity, owner)
+    try:
+        root = image.root() if image is not None else os.open(run_dir.workspace,
+                                                              workspace.DIR_FLAGS)
+        try:
+            for src in inputs:
+                workspace.copy_in(root, src, owner)
+        finally:
+            os.close(root)
+    except BaseException:
+        if image is not None:
+            image.close()
+        raise
+    return image, why
+
+
+def _ended_badly(record: dict[str, Any], run_dir: RunDir, before: dict[str, Any],
+                 exported: dict[str, object], e: BaseException) -> None:
+    """The record of a run that raised (corral could not set it up) or was interrupted
+    (Ctrl-C, SIGTERM): what it left in its workspace is still listed."""
+    changes, cut = workspace.collect(run_dir.workspace, before)
+    record.update(status="error" if isinstance(e, Exception) else "interrupted",
+                  error=str(e) or type(e).__name__, changes=[c.to_json() for c in changes],
+                  changes_truncated=cut, limits=exported,
+                  ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    workspace.write_record(run_dir.record_path, record)
 
 
 def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
@@ -200,10 +246,11 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         limited, denials, entry["egress_log"] = _execute(
             sb, policy, facts, cg_plan, run_dir.run_id if run_dir else workspace.new_run_id(),
             layout.project, run_dir.root if run_dir else None, capture, stdin)
-    except Exception as e:
+    except BaseException as e:  # interrupted (Ctrl-C, SIGTERM) too: the record says so
         if run_dir is not None:
-            workspace.write_record(run_dir.record_path, {**entry, "status": "error",
-                                                         "error": str(e)})
+            workspace.write_record(run_dir.record_path, {
+                **entry, "status": "error" if isinstance(e, Exception) else "interrupted",
+                "error": str(e) or type(e).__name__})
         raise
     result = _result(limited, denials, cg_plan, workspace=layout.project,
                      record=run_dir.record_path if run_dir else "",
@@ -229,18 +276,21 @@ def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan
 
 
 def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, run_id: str,
-             measured: str, record_dir: str | None, capture: bool, stdin: bytes | None
+             measured: str, record_dir: str | None, capture: bool, stdin: bytes | None,
+             image: Image | None = None, disk_why: str = ""
              ) -> tuple[Limited, tuple[dict[str, Any], ...], str | None]:
     """Launch ``sb`` with its egress session and its limits; both are closed on return.
 
-    ``measured`` is the directory whose growth counts against the disk limit.
+    ``measured`` is the directory whose growth counts against the disk limit
+    (``image``, when given, is its file system; see :func:`corral.enforce.launch_limited`).
     Returns the limited outcome, the egress denials and the egress log's path.
     """
     net = egress.open_session(policy.network, record_dir) if policy.network.allow \
         else egress.NoEgress()
     with net:
         limited = enforce.launch_limited(
-            net.attach(sb), policy, facts, cg_plan, run_id, measured, capture=capture,
+            net.attach(sb), policy, facts, cg_plan, run_id, measured, image, disk_why,
+            capture=capture,
             stdin=stdin, output_cap=policy.limits.output_bytes,
             timeout_s=policy.limits.timeout_s, bwrap_path=facts.require_bwrap(),
             host_hint=guard.userns_hint(facts), extra_fds=net.pass_fds)

@@ -403,6 +403,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if data["ready"] else 1
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where corral is, so that it tears the run down like Ctrl-C does."""
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    """The first Ctrl-C or SIGTERM ends the run through the usual teardown (the sandbox
+    killed, its workspace copied out, its record written); later ones wait for that."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+
+
+def _catch_interrupts() -> None:
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupted)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
     options, cmd = _split(argv)
@@ -410,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     try:
         verb = next((a for a in options if not a.startswith("-")), None)
         args = _parser(verb).parse_args(options)
+        if args.verb in ("run", "agent", "shell"):
+            _catch_interrupts()
         if args.verb == "run":
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):
@@ -427,8 +450,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         if json_mode:
             print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e)}))
         code = SETUP_FAILED
-    except KeyboardInterrupt:
-        code = 130
+    except KeyboardInterrupt as e:
+        code = 128 + (15 if isinstance(e, Terminated) else 2)
     try:
         sys.stdout.flush()
     except BrokenPipeError:

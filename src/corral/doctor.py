@@ -50,12 +50,14 @@ def _seccomp(facts: HostFacts) -> tuple[bool, str]:
     return True, f"libseccomp {version}: {seccomp.summary()}"
 
 
-def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | None = None
+def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | None = None,
+           image_why: str | None = "not probed", bounded_ptys: bool = False
            ) -> dict[str, Any]:
     """Facts and protections as a JSON-ready report.
 
     ``access`` (from :func:`corral.cgroups.probe`) adds which resource limits
-    hold here; ``defaults`` are the shipped profiles' limits.
+    hold here; ``defaults`` are the shipped profiles' limits; ``image_why`` and
+    ``bounded_ptys`` what :func:`report` found about disk images and devpts.
     """
     userns_ok, userns_note = _userns(facts)
     has_seccomp, seccomp_note = _seccomp(facts)
@@ -84,7 +86,7 @@ def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | No
         from .limits import doctor_rows
         from .policy import Limits
 
-        protections += doctor_rows(access, defaults or Limits())
+        protections += doctor_rows(access, defaults or Limits(), image_why, bounded_ptys)
     return {
         "ready": (facts.bwrap is not None and userns_ok and has_seccomp
                   and facts.landlock_abi >= 1),
@@ -108,10 +110,13 @@ def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | No
 
 def report() -> dict[str, Any]:
     from .cgroups import probe
+    from .diskimage import unavailable
+    from .mountns import can_mount_devpts
     from .profiles import load_profile
 
     facts = detect()
-    return assess(facts, probe(facts), load_profile("python").limits)
+    return assess(facts, probe(facts), load_profile("python").limits,
+                  unavailable(facts.is_root), can_mount_devpts(not facts.is_root))
 
 
 def render_text(data: dict[str, Any]) -> str:

@@ -38,6 +38,7 @@ from .errors import HostError, LaunchError
 
 if TYPE_CHECKING:
     from .cgroups import RunCgroup
+    from .mountns import ChildMounts
     from .watch import Watch
 
 __all__ = ["Launch", "Outcome", "launch"]
@@ -64,14 +65,21 @@ class Outcome:
 
 
 class Handles:
-    """The descriptors bwrap reads: generated data as memfds, paths as O_PATH handles."""
+    """The descriptors bwrap reads: generated data as memfds, paths as O_PATH handles.
 
-    def __init__(self) -> None:
+    ``preset`` gives the descriptor for a path handle instead of opening the path:
+    a workspace image's detached mount (see :mod:`corral.diskimage`); a copy is
+    used, so the caller keeps its own.
+    """
+
+    def __init__(self, preset: dict[PathHandle, int] | None = None) -> None:
         self._by_key: dict[object, int] = {}
+        self.preset = preset or {}
 
     def fd(self, item: Data | PathHandle) -> int:
         if item not in self._by_key:
-            self._by_key[item] = self._open(item)
+            given = self.preset.get(item) if isinstance(item, PathHandle) else None
+            self._by_key[item] = self._open(item) if given is None else os.dup(given)
         return self._by_key[item]
 
     @staticmethod
@@ -139,7 +147,9 @@ class Launch:
     def __init__(self, sb: Sandbox, *, capture: bool, stdin: bytes | None, output_cap: int,
                  timeout_s: float | None, bwrap_path: str, host_hint: str = "",
                  extra_fds: Sequence[int] = (),
-                 cgroup: RunCgroup | None = None, watch: Watch | None = None) -> None:
+                 cgroup: RunCgroup | None = None, watch: Watch | None = None,
+                 mounts: ChildMounts | None = None,
+                 preset: dict[PathHandle, int] | None = None) -> None:
         self.sb = sb
         self.capture = capture
         self.stdin_data = stdin
@@ -150,7 +160,8 @@ class Launch:
         self.extra_fds = list(extra_fds)
         self.cgroup = cgroup  # bwrap starts inside it (see corral.cgroups)
         self.watch = watch  # disk and CPU-time checks while the run lives
-        self.handles = Handles()
+        self.mounts = mounts  # made by bwrap's child in a private mount namespace
+        self.handles = Handles(preset)
         self.fds: list[int] = []  # our own ends, closed by close()
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid1_fd: int | None = None
@@ -204,7 +215,7 @@ class Launch:
         self.started_at = time.monotonic()
         self._forward_resizes()
         try:
-            self.proc = popen(None) if self.cgroup is None else self.cgroup.spawn(popen)
+            self.proc = self._spawn(popen)
         except OSError as e:
             raise LaunchError(f"cannot start {self.bwrap_path}", e.strerror or str(e),
                               "check the bwrap installation") from None
@@ -216,6 +227,31 @@ class Launch:
                 self._close(stderr_fd)
             if self.stdin_data is not None:
                 self._close(self.in_r)
+
+    def _spawn(self, popen: Callable[[Callable[[], None] | None], subprocess.Popen[bytes]]
+               ) -> subprocess.Popen[bytes]:
+        """Start bwrap; its child first joins the run's cgroups, then makes its mounts.
+
+        Both happen between fork and exec, in the child alone (see corral.cgroups and
+        corral.mountns); a failed step fails the child before exec, so nothing starts
+        unlimited or without its mounts.
+        """
+        steps = [self.cgroup.child_step()] if self.cgroup is not None else []
+        if self.mounts is not None and self.mounts.wanted:
+            steps.append(self.mounts.step)
+        if not steps:
+            return popen(None)
+
+        def child() -> None:
+            for step in steps:
+                step()
+
+        try:
+            return popen(child)
+        except subprocess.SubprocessError as e:
+            raise HostError("bwrap could not be started inside the run's cgroup and mounts",
+                            str(e), "run 'corral doctor' to see what this host enforces"
+                            ) from None
 
     def _forward_resizes(self) -> None:
         """On a terminal, pass window-size changes on to the sandbox.
@@ -265,6 +301,9 @@ class Launch:
         proc_fd = os.pidfd_open(self.proc.pid)
         self.fds.append(proc_fd)
         sel.register(proc_fd, selectors.EVENT_READ)
+        watch_fd = self.watch.fileno() if self.watch is not None else None
+        if watch_fd is not None:
+            sel.register(watch_fd, selectors.EVENT_READ)
         deadline = None if self.timeout_s is None else self.started_at + self.timeout_s
         exited = False
         try:
@@ -289,7 +328,11 @@ class Launch:
                     continue
                 for key, _ in events:
                     fd = int(key.fd)
-                    if fd == proc_fd:
+                    if fd == watch_fd:
+                        sel.unregister(fd)
+                        if self.watch is not None and not exited:  # after exit: its finish()
+                            self._limit(self.watch.verdict())
+                    elif fd == proc_fd:
                         sel.unregister(fd)
                         exited = True
                         # Writers are all gone once bwrap is; drain, but do not wait forever.
@@ -314,7 +357,10 @@ class Launch:
 
     def _check_limits(self) -> None:
         assert self.watch is not None
-        status = self.watch.check()
+        self._limit(self.watch.check())
+
+    def _limit(self, status: str | None) -> None:
+        """End the run with ``status`` (unless corral already ended it for another limit)."""
         if status is not None and self.outcome.status not in LIMIT_STATUSES:
             self.outcome.status = status
             self.kill()
