@@ -22,6 +22,8 @@ __all__ = [
     "Policy",
     "ProfileError",
     "Result",
+    "RunRequest",
+    "RunResult",
     "UsageError",
     "load_profile",
     "run",
@@ -33,6 +35,7 @@ _WHERE = {
     "CorralError": "errors", "HostError": "errors", "LaunchError": "errors",
     "ProfileError": "errors", "UsageError": "errors",
     "Result": "api", "run": "api", "load_profile": "profiles",
+    "RunRequest": "request", "RunResult": "result",
 }
 
 if TYPE_CHECKING:
@@ -40,6 +43,8 @@ if TYPE_CHECKING:
     from .errors import CorralError, HostError, LaunchError, ProfileError, UsageError
     from .policy import Allow, Limits, Network, Policy
     from .profiles import load_profile
+    from .request import RunRequest
+    from .result import RunResult
 
 
 def __getattr__(name: str) -> Any:

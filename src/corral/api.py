@@ -9,7 +9,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 from . import agent, egress, enforce, guard, host, repos, resolve, workspace
 from .bwrap import Sandbox
@@ -19,6 +19,10 @@ from .errors import UsageError
 from .limits import Plan
 from .policy import Policy
 from .workspace import Change, RunDir
+
+if TYPE_CHECKING:
+    from .request import RunRequest
+    from .result import RunResult
 
 __all__ = ["Result", "plan", "plan_agent", "run", "run_agent"]
 
@@ -123,16 +127,37 @@ def _check_network(policy: Policy) -> bool:
     return bool((net.allow or net.deny or net.resolve) and egress.compile_rules(net).enabled)
 
 
+@overload
+def run(cmd: RunRequest, policy: None = None, *, runs_dir: str | None = None) -> RunResult: ...
+
+
+@overload
 def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str | None = None,
         inputs: Sequence[str] = (), capture: bool = True, stdin: bytes | None = None,
-        env: Sequence[tuple[str, str]] = (), runs_dir: str | None = None) -> Result:
+        env: Sequence[tuple[str, str]] = (), runs_dir: str | None = None) -> Result: ...
+
+
+def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
+        workspace_dir: str | None = None, inputs: Sequence[str] = (), capture: bool = True,
+        stdin: bytes | None = None, env: Sequence[tuple[str, str]] = (),
+        runs_dir: str | None = None) -> Result | RunResult:
     """Run ``cmd`` in a sandbox and wait for it.
 
     ``capture`` collects stdout and stderr (capped by ``policy.limits.output_bytes``);
     otherwise they pass through to this process's own.  Raises
     :class:`~corral.errors.CorralError` when the sandbox cannot be set up: then
     the command did not start.
+
+    Given a :class:`~corral.request.RunRequest` instead (and no other argument but
+    ``runs_dir``), runs it with :func:`corral.execute.run_request` and returns its
+    :class:`~corral.result.RunResult`, which never raises for a bad request.
     """
+    from .request import RunRequest
+
+    if isinstance(cmd, RunRequest):
+        from .execute import run_request
+
+        return run_request(cmd, runs_dir=runs_dir)
     policy = policy or Policy()
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created

@@ -189,15 +189,6 @@ def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     return list(argv), []
 
 
-def _profile_for(cmd: Sequence[str]) -> str:
-    name = os.path.basename(cmd[0]) if cmd else ""
-    if name.startswith(("python", "pip", "pypy")):
-        return "python"
-    if name in ("node", "nodejs", "npm", "npx"):
-        return "node"
-    return "shell"
-
-
 def _env(items: Sequence[str]) -> list[tuple[str, str]]:
     from .policy import check_env_name
 
@@ -300,11 +291,12 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     from . import api
     from .host import detect
     from .launch import dry_run_lines
+    from .profiles import profile_for_command
 
     if not cmd:
         raise UsageError("no command given", "corral runs the command after --",
                          "write it like: corral run -- python3 script.py")
-    policy = _policy(args, _profile_for(cmd))
+    policy = _policy(args, profile_for_command(cmd))
     env = _env(args.env)
     if args.dry_run:
         sb = api.plan(cmd, policy, workspace_dir=args.workspace, inputs=args.input, env=env,

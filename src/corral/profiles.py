@@ -24,14 +24,15 @@ from __future__ import annotations
 import difflib
 import os
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from .errors import ProfileError, UsageError
 from .policy import Allow, Limits, Network, Policy, parse_duration, parse_size
 
-__all__ = ["builtin_profiles", "load_profile", "policy_from_mapping"]
+__all__ = ["builtin_profiles", "load_profile", "policy_from_mapping",
+           "profile_for_command"]
 
 Check = Callable[[Any, str], Any]
 
@@ -170,6 +171,16 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
 
 
 SHIPPED = os.path.join(os.path.dirname(__file__), "profiles")
+
+
+def profile_for_command(cmd: Sequence[str]) -> str:
+    """The run-mode profile a command gets by default, from its name."""
+    name = os.path.basename(cmd[0]) if cmd else ""
+    if name.startswith(("python", "pip", "pypy")):
+        return "python"
+    if name in ("node", "nodejs", "npm", "npx"):
+        return "node"
+    return "shell"
 
 
 def builtin_profiles() -> list[str]:

@@ -1,0 +1,184 @@
+"""Run one :class:`~corral.request.RunRequest` with the one launcher, :func:`corral.api.run`.
+
+The steps, each on every path:
+
+1. the policy: the request's profile (or its language's), with the request's limits,
+   network rules and environment on top; nothing a request says can add a relaxation;
+2. the request's files (and its code) are written into a private staging directory of the
+   launcher's own, and copied into the fresh workspace by :func:`corral.api.run` as inputs;
+3. for c and cpp, a compile step runs in its own sandbox with the compile timeout; the run
+   then reuses that workspace;
+4. the files the request asks back are read through :mod:`corral.fsops` (never through a
+   link, never a FIFO or a device, capped);
+5. the request's run directories (workspaces and records) are removed, also through
+   :mod:`corral.fsops`, unless the caller keeps them.
+
+Engines call :func:`run_request`; it never raises for a bad request or a sandbox that
+cannot start: those are results with status ``invalid`` or ``error``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from . import api, fsops, workspace
+from .errors import CorralError, UsageError
+from .policy import Policy
+from .profiles import load_profile, profile_for_command
+from .request import Fetched, RunRequest
+from .result import RunResult
+
+__all__ = ["DEFAULT_FETCH_BYTES", "policy_for", "run_request"]
+
+DEFAULT_FETCH_BYTES = 16 << 20  # fetched files of one request, in all, unless it asks
+
+
+def policy_for(request: RunRequest) -> Policy:
+    """The policy ``request`` runs under (its run step); UsageError if it cannot be built."""
+    spec = request.language_spec
+    name = request.profile or (spec.profile if spec else
+                               profile_for_command(request.command or ()))
+    policy = load_profile(name)
+    lim = request.limits
+    wanted: dict[str, Any] = {
+        "timeout_s": lim.timeout_s, "cpu_s": lim.cpu_s, "memory_bytes": lim.memory_bytes,
+        "pids": lim.pids, "cpus": lim.cpus, "disk_bytes": lim.disk_bytes,
+        "output_bytes": lim.output_bytes}
+    limits = replace(policy.limits, **{k: v for k, v in wanted.items() if v is not None})
+    net = request.network
+    network = replace(policy.network, allow=policy.network.allow + net.allow,
+                      deny=policy.network.deny + net.deny,
+                      resolve=policy.network.resolve + net.resolve)
+    return replace(policy, limits=limits, network=network)
+
+
+def run_request(request: RunRequest, *, runs_dir: str | None = None,
+                keep: bool = False) -> RunResult:
+    """Run ``request`` in fresh sandboxes and return what it gave back; see the module doc.
+
+    ``runs_dir`` is where its run directories go (default: corral's); with ``keep`` they
+    stay there, and the results' ``workspace`` and ``record`` point at them.
+    """
+    try:
+        policy = policy_for(request)
+    except UsageError as e:
+        return RunResult.refused(request.id, "invalid", str(e))
+    base = runs_dir or workspace.default_runs_dir()
+    try:
+        with _request_dir(base, keep) as own_runs, _staged(request) as inputs:
+            return _steps(request, policy, own_runs, inputs, keep)
+    except UsageError as e:
+        return RunResult.refused(request.id, "invalid", str(e))
+    except CorralError as e:
+        return RunResult.refused(request.id, "error", str(e))
+    except OSError as e:
+        return RunResult.refused(request.id, "error",
+                                 f"corral could not run the request; {e.strerror or e}")
+
+
+def _steps(request: RunRequest, policy: Policy, runs: str, inputs: list[str],
+           keep: bool) -> RunResult:
+    spec = request.language_spec
+    env = request.env
+    compiled = None
+    if spec is not None and spec.compile is not None:
+        timeout = request.limits.compile_timeout_s or policy.limits.timeout_s
+        compile_policy = replace(policy, limits=replace(policy.limits, timeout_s=timeout))
+        compiled = api.run(spec.compile, compile_policy, inputs=inputs, env=env, runs_dir=runs)
+        if not compiled.ok:
+            return RunResult(request.id, "compile-failed", compile=_shown(compiled, keep))
+    argv = spec.run if spec is not None else request.command or ()
+    ran = api.run(argv, policy, inputs=() if compiled else inputs, env=env, runs_dir=runs,
+                  stdin=request.stdin, workspace_dir=compiled.workspace if compiled else None)
+    files = fetch(ran.workspace, request.fetch, request.limits.fetch_bytes or
+                  DEFAULT_FETCH_BYTES)
+    return RunResult(request.id, ran.status, run=_shown(ran, keep),
+                     compile=None if compiled is None else _shown(compiled, keep), files=files)
+
+
+def _shown(result: api.Result, keep: bool) -> api.Result:
+    """A removed run's Result does not point at paths that no longer exist."""
+    return result if keep else replace(result, workspace="", record="")
+
+
+@contextlib.contextmanager
+def _request_dir(base: str, keep: bool) -> Iterator[str]:
+    """A directory of this request's own under the runs directory: its run directories go
+    there, and all of it goes when the request is done, however it ended."""
+    try:
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        path = tempfile.mkdtemp(prefix="req-", dir=base)
+    except OSError as e:
+        raise UsageError(f"cannot create a run directory in {base}", e.strerror or str(e),
+                         "pass --runs-dir DIR or set CORRAL_RUNS_DIR to a writable "
+                         "directory") from None
+    try:
+        yield path
+    finally:
+        if not keep:
+            fsops.remove_tree(path)
+
+
+@contextlib.contextmanager
+def _staged(request: RunRequest) -> Iterator[list[str]]:
+    """The request's files (and code) in a private directory of the launcher's: the
+    top-level entries, to pass as inputs.  Nothing a payload can reach, so plain paths."""
+    files = list(request.files)
+    spec = request.language_spec
+    if spec is not None and request.code is not None:
+        files.append((spec.source, request.code.encode("utf-8", errors="surrogatepass")))
+    if not files:
+        yield []
+        return
+    stage = tempfile.mkdtemp(prefix="corral-stage-")
+    try:
+        for rel, content in files:
+            path = os.path.join(stage, rel)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+        yield sorted(os.path.join(stage, name) for name in os.listdir(stage))
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def fetch(where: str, paths: tuple[str, ...], budget: int) -> tuple[Fetched, ...]:
+    """The files ``paths`` of the workspace ``where``, ``budget`` bytes in all.
+
+    The workspace is the payload's: read through :class:`corral.fsops.Tree`, as its owner.
+    """
+    if not paths:
+        return ()
+    owner = None
+    if os.geteuid() == 0:
+        st = os.stat(where)
+        owner = (st.st_uid, st.st_gid)
+    out = []
+    with fsops.Tree(where, owner) as tree:
+        for rel in paths:
+            content, reason = _read(tree, rel, budget)
+            budget -= len(content or b"")
+            out.append(Fetched(rel, content, reason))
+    return tuple(out)
+
+
+def _read(tree: fsops.Tree, rel: str, budget: int) -> tuple[bytes | None, str | None]:
+    try:
+        content = tree.read(rel, max(budget, 0))
+    except OSError as e:
+        reasons = {errno.EFBIG: f"over the fetch limit ({max(budget, 0)} bytes left)",
+                   errno.ELOOP: "a symbolic link is on the way", errno.EXDEV: "leaves the "
+                   "workspace", errno.ENOTDIR: "missing"}
+        return None, reasons.get(e.errno or 0, e.strerror or str(e))
+    if content is None:
+        return None, "missing, or not a regular file"
+    return content, None
