@@ -83,15 +83,13 @@ def release_image(image: Image, workspace: str) -> dict[str, object]:
     return image.describe()
 
 
-def _child_mounts(sb: Sandbox, facts: HostFacts, image: Image | None,
-                  workspace: str) -> ChildMounts | None:
-    if image is None and not sb.ptys:
+def _child_mounts(image: Image | None, workspace: str) -> ChildMounts | None:
+    """The image moved over the workspace in bwrap's private namespace (root only; the
+    launcher adds a sandbox's bounded devpts itself)."""
+    if image is None or image.mount_fd is None:
         return None
-    mounts = ChildMounts(own_userns=not facts.is_root)  # a plain user mounts only devpts
-    if image is not None and image.mount_fd is not None:
-        mounts.move(image.mount_fd, workspace)
-    if sb.ptys:
-        mounts.bounded_devpts(sb.ptys)
+    mounts = ChildMounts(own_userns=False)
+    mounts.move(image.mount_fd, workspace)
     return mounts
 
 
@@ -122,7 +120,7 @@ def launch_limited(sb: Sandbox, policy: Policy, facts: HostFacts, plan: Plan, ru
             cgroup.create()
         watch.start()
         run = Launch(sb, cgroup=cgroup, watch=watch, preset=preset,
-                     mounts=_child_mounts(sb, facts, image, workspace), **launch_args)
+                     mounts=_child_mounts(image, workspace), **launch_args)
         try:
             run.start()
             outcome = run.supervise()

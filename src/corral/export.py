@@ -2,21 +2,21 @@
 
 The source is the run's own file system (:mod:`corral.diskimage`), seen only
 through the launcher's descriptor of its root, after every process of the run
-is gone.  The destination is a fresh directory under the launcher's private
-run directory, which no sandbox can reach, so creating there as root and
-handing each entry to the payload's owner afterwards races with nobody.
-
-Every source entry is opened relative to its parent's descriptor without
-following a link (``O_NOFOLLOW``, ``O_NONBLOCK``: a FIFO never blocks us) and
-type-checked after opening.  What is copied:
+is gone; it is read with the launcher's rights (a file the payload made
+unreadable is still copied).  Every source entry is opened beneath its
+parent's descriptor (:func:`corral.fsops.open_beneath`: never through a link,
+``O_NONBLOCK``, so a FIFO never blocks us) and type-checked after opening.
+The destination is a fresh directory under the launcher's private run
+directory, written through descriptors as the payload's owner
+(:func:`corral.fsops.acting_as`): everything there is theirs from birth.
+What is copied:
 
 * directories, regular files (only their data extents: a file with a huge
   hole or an unwritten ``fallocate`` range stays sparse, so the copy never
   takes more of the host's disk than the image held), symlinks (the target
   string, never followed) and FIFOs;
 * hard links as hard links (copying each name would multiply the data);
-* permission bits without set-user-ID and set-group-ID, modification times,
-  and the payload's owner for everything.
+* permission bits without set-user-ID and set-group-ID, and modification times.
 
 Sockets and devices are skipped (the image is mounted ``nodev``).  Bounded by
 ``MAX_ENTRIES`` names, ``MAX_DEPTH`` levels and the image's own size in
@@ -31,12 +31,14 @@ import os
 import stat
 from typing import NamedTuple
 
+from .fsops import acting_as, open_beneath
+
 __all__ = ["Exported", "export"]
 
 MAX_ENTRIES = 1_000_000
 MAX_DEPTH = 128  # three frames and three descriptors per level
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 20
 
@@ -79,45 +81,48 @@ class _Export:
         elif stat.S_ISREG(st.st_mode):
             first = self.links.get(st.st_ino) if st.st_nlink > 1 else None
             if first is not None:
-                os.link(first, name, src_dir_fd=self.dest_root, dst_dir_fd=dst,
-                        follow_symlinks=False)
+                with acting_as(self.owner):
+                    os.link(first, name, src_dir_fd=self.dest_root, dst_dir_fd=dst,
+                            follow_symlinks=False)
                 return
             self.file(src, dst, name, st)
             if st.st_nlink > 1:
                 self.links[st.st_ino] = rel
         elif stat.S_ISLNK(st.st_mode):
-            os.symlink(os.readlink(name, dir_fd=src), name, dir_fd=dst)
-            os.chown(name, *self.owner, dir_fd=dst, follow_symlinks=False)
+            target = os.readlink(name, dir_fd=src)
+            with acting_as(self.owner):
+                os.symlink(target, name, dir_fd=dst)
         elif stat.S_ISFIFO(st.st_mode):
-            os.mkfifo(name, 0o600, dir_fd=dst)
-            os.chown(name, *self.owner, dir_fd=dst, follow_symlinks=False)
-            os.chmod(name, stat.S_IMODE(st.st_mode) & 0o777, dir_fd=dst)
+            with acting_as(self.owner):
+                os.mkfifo(name, stat.S_IMODE(st.st_mode) & 0o777, dir_fd=dst)
         else:
             self.skipped += 1
 
     def directory(self, src: int, dst: int, name: str, rel: str, depth: int,
                   st: os.stat_result) -> None:
-        os.mkdir(name, 0o700, dir_fd=dst)
-        sub_src = os.open(name, DIR_FLAGS, dir_fd=src)
-        try:
+        with acting_as(self.owner):
+            os.mkdir(name, 0o700, dir_fd=dst)
             sub_dst = os.open(name, DIR_FLAGS, dir_fd=dst)
+        try:
+            sub_src = open_beneath(src, name, DIR_FLAGS)
             try:
                 if os.fstat(sub_src).st_ino != st.st_ino:
                     raise _Stop(f"{rel} changed during the copy")
                 self.tree(sub_src, sub_dst, rel, depth + 1)
                 self.finish(sub_dst, st, stat.S_IMODE(st.st_mode) & 0o1777)
             finally:
-                os.close(sub_dst)
+                os.close(sub_src)
         finally:
-            os.close(sub_src)
+            os.close(sub_dst)
 
     def file(self, src: int, dst: int, name: str, st: os.stat_result) -> None:
-        fd = os.open(name, FILE_FLAGS, dir_fd=src)
+        fd = open_beneath(src, name, FILE_FLAGS)
         try:
             got = os.fstat(fd)
             if not stat.S_ISREG(got.st_mode) or got.st_ino != st.st_ino:
                 raise _Stop(f"{name!r} changed during the copy")
-            out = os.open(name, NEW_FILE, 0o600, dir_fd=dst)
+            with acting_as(self.owner):
+                out = os.open(name, NEW_FILE, 0o600, dir_fd=dst)
             try:
                 self.data(fd, out, got.st_size)
                 self.finish(out, got, stat.S_IMODE(got.st_mode) & 0o777)
@@ -148,9 +153,9 @@ class _Export:
         os.ftruncate(out, size)
 
     def finish(self, fd: int, st: os.stat_result, mode: int) -> None:
-        os.fchown(fd, *self.owner)
-        os.fchmod(fd, mode)  # after the chown, which clears set-ID bits anyway
-        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        with acting_as(self.owner):
+            os.fchmod(fd, mode)
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def export(src_root: int, dest: str, owner: tuple[int, int], max_bytes: int) -> Exported:

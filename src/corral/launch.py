@@ -237,8 +237,9 @@ class Launch:
         unlimited or without its mounts.
         """
         steps = [self.cgroup.child_step()] if self.cgroup is not None else []
-        if self.mounts is not None and self.mounts.wanted:
-            steps.append(self.mounts.step)
+        mounts = self._child_mounts()
+        if mounts is not None and mounts.wanted:
+            steps.append(mounts.step)
         if not steps:
             return popen(None)
 
@@ -252,6 +253,20 @@ class Launch:
             raise HostError("bwrap could not be started inside the run's cgroup and mounts",
                             str(e), "run 'corral doctor' to see what this host enforces"
                             ) from None
+
+    def _child_mounts(self) -> ChildMounts | None:
+        """The caller's mounts, plus the bounded devpts any sandbox with ``ptys`` needs.
+
+        Made here, from the sandbox itself, so that no way of launching one can forget
+        it: bwrap would otherwise bind the host's own /dev/pts in its place.
+        """
+        if not self.sb.ptys:
+            return self.mounts
+        from .mountns import ChildMounts
+
+        mounts = self.mounts or ChildMounts(own_userns=not self.sb.root_mode)
+        mounts.bounded_devpts(self.sb.ptys)
+        return mounts
 
     def _forward_resizes(self) -> None:
         """On a terminal, pass window-size changes on to the sandbox.
@@ -522,6 +537,9 @@ def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
     lines = [f"{bwrap_path} --args FD -- COMMAND  # FD holds these, NUL-separated:"]
     lines += ["  " + line for line in bwrap.render_lines(ops, fds)]
     lines.append("COMMAND: " + shlex.join(bwrap.command(sb, config_fd)))
+    if sb.ptys:
+        lines.append(f"# /dev/pts: a devpts with max={sb.ptys}, mounted by bwrap's child in "
+                     "a private mount namespace before it execs bwrap")
     for item, fd in fds.items.items():
         what = item.path if isinstance(item, PathHandle) else item.name
         lines.append(f"# fd {fd}: {what}")

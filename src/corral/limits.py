@@ -342,7 +342,7 @@ def doctor_rows(access: Access, limits: Limits, image_why: str | None = "not pro
         _disk_row(image_why),
         ("open-files", True, f"at most {limits.files} open files per run: RLIMIT_NOFILE is "
          f"files / (pids + 3), {limits.process_nofile} per process in the shipped "
-         "profiles; files held only by a memory mapping are bounded by the memory limit"),
+         "profiles; files held only by a memory mapping are bounded only by the memory limit"),
         ("ptys", True, "a devpts of the sandbox's own with max= (agent profiles: 64); runs "
          "get none" if bounded_ptys else "no pseudo-terminals in any sandbox here: a devpts "
          "with max= needs root or an unprivileged user namespace"),
