@@ -262,3 +262,13 @@ def _wait_gone(marker: str) -> None:
     while processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_with(marker) == []
+
+
+def test_doctor_says_which_disk_bound_holds_here(who: Identity) -> None:
+    doctor = json.loads(who.corral("doctor", "--json").stdout)
+    rows = {p["name"]: p["how"] for p in doctor["protections"]}
+    if who.is_root:  # this machine has loop devices, mke2fs and the new mount API
+        assert rows["disk-limit"].startswith("file system cap"), rows["disk-limit"]
+    else:
+        assert rows["disk-limit"].startswith("measured, not capped (only root may mount"), rows
+    assert "max=" in rows["ptys"]  # root, or a plain user with user namespaces: bounded

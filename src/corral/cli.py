@@ -301,11 +301,15 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     if args.dry_run:
         sb = api.plan(cmd, policy, workspace_dir=args.workspace, inputs=args.input, env=env,
                       runs_dir=args.runs_dir)
-        from .enforce import check
+        from .enforce import check, image_unavailable
         from .limits import describe
 
+        why = image_unavailable(policy, detect(), fresh=args.workspace is None)
+        disk = [] if policy.limits.disk_bytes is None else [
+            "# disk: the workspace is an ext4 image of its own, mounted by bwrap's child"
+            if why is None else f"# disk: measured ({why})"]
         print("\n".join(dry_run_lines(sb, detect().require_bwrap())
-                        + describe(check(policy, detect()))))
+                        + describe(check(policy, detect())) + disk))
         return 0
     result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
                      capture=args.json, env=env, runs_dir=args.runs_dir)

@@ -40,7 +40,7 @@ __all__ = ["ChildMounts", "attach_loop", "can_mount_devpts", "fs_context", "moun
 # Same numbers on x86_64 and aarch64 (the system calls added since 5.x are unified).
 SYS_MOVE_MOUNT, SYS_FSOPEN, SYS_FSCONFIG, SYS_FSMOUNT = 429, 430, 431, 432
 FSOPEN_CLOEXEC = FSMOUNT_CLOEXEC = 1
-FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 1, 6
+FSCONFIG_SET_FLAG, FSCONFIG_SET_STRING, FSCONFIG_CMD_CREATE = 0, 1, 6
 MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 0x2, 0x4
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 AT_FDCWD = -100
@@ -65,13 +65,17 @@ def _check(result: int, what: str) -> int:
     return result
 
 
-def mount_fs(fstype: str, source: str) -> int:
-    """A detached, nosuid, nodev mount of ``source``: an O_PATH descriptor of its root."""
+def mount_fs(fstype: str, source: str, flags: tuple[str, ...] = ()) -> int:
+    """A detached, nosuid, nodev mount of ``source`` with the file system's option
+    ``flags`` set: an O_PATH descriptor of its root."""
     libc = _libc()
     fs = _check(libc.syscall(SYS_FSOPEN, fstype.encode(), FSOPEN_CLOEXEC), f"fsopen {fstype}")
     try:
         _check(libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_SET_STRING, b"source",
                             os.fsencode(source), 0), f"fsconfig source={source}")
+        for flag in flags:
+            _check(libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_SET_FLAG, flag.encode(), None, 0),
+                   f"fsconfig {flag}")
         _check(libc.syscall(SYS_FSCONFIG, fs, FSCONFIG_CMD_CREATE, None, None, 0),
                f"mount {source}")
         return _check(libc.syscall(SYS_FSMOUNT, fs, FSMOUNT_CLOEXEC,
