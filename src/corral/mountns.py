@@ -133,6 +133,7 @@ class ChildMounts:
     """
 
     def __init__(self, *, own_userns: bool) -> None:
+        _libc()  # loaded here: the dynamic loader must not run in the forked child
         self.own_userns = own_userns  # a plain user: mounts need a user namespace of ours
         self.moves: list[tuple[int, bytes]] = []  # (detached mount fd, target path)
         self.devpts: bytes | None = None
