@@ -37,6 +37,7 @@ bench: setup
 	$(BIN)/python bench/egress.py --write
 	$(BIN)/python bench/seccomp.py
 	$(BIN)/python bench/probe.py
+	$(BIN)/python bench/disk.py --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

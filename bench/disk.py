@@ -77,6 +77,7 @@ def steps(base: Path, rounds: int) -> list[str]:
     for i in range(rounds):
         run_root = base / f"r{i}"
         (run_root / "work").mkdir(parents=True)
+        os.chown(run_root / "work", 65534, 65534)  # as corral.workspace.prepare leaves it
         image = Image(str(run_root / "work.img"), 2048 * MiB, (65534, 65534))
         made.append(timed(image.create))
         root = image.root()
@@ -88,6 +89,7 @@ def steps(base: Path, rounds: int) -> list[str]:
         finally:
             os.close(root)
         exported.append(timed(lambda i=image, d=run_root: i.export(str(d / "work"))))
+        assert image.exported is not None and image.exported.complete, image.exported
         closed.append(timed(image.close))
     return ["### the image's own steps (2 GiB capacity)", "", "| step | median |", "|---|---|",
             f"| make: sparse file, mke2fs, loop device, mount | "
@@ -104,7 +106,9 @@ def main() -> None:
                         help="replace this script's section of bench/RESULTS.md")
     args = parser.parse_args()
     if not host.detect().is_root:
-        sys.exit("bench/disk.py: the workspace image is made only when corral runs as root")
+        print("bench/disk.py: skipped: the workspace image is made only when corral runs as "
+              "root")
+        return
     out = [f"Measured {time.strftime('%Y-%m-%d %H:%M %Z')} on {machine()}, "
            f"{args.runs} rounds.", ""]
     for title, cmd in (("/bin/true", ["/bin/true"]),

@@ -116,13 +116,17 @@ class Image:
         return self.exported
 
     def close(self) -> None:
-        """Let go of the mount; delete the image unless its export was incomplete."""
-        if self.mount_fd is not None:
-            os.close(self.mount_fd)
-            self.mount_fd = None
+        """Delete the image unless its export was incomplete, and let go of the mount.
+
+        The name goes first: the loop device keeps the file until the kernel has
+        unmounted it, and if corral dies in between nothing is left behind.
+        """
         if self.exported is None or self.exported.complete:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+        if self.mount_fd is not None:
+            os.close(self.mount_fd)
+            self.mount_fd = None
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {"disk_enforcement": "file system", "image_bytes": self.size,
