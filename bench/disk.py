@@ -19,7 +19,6 @@ import contextlib
 import os
 import statistics
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
