@@ -161,8 +161,10 @@ def measure(repeat: int) -> list[tuple[str, float, float]]:
 
 def table(results: list[tuple[str, float, float]], repeat: int) -> str:
     direct_dl, direct_small = results[0][1], results[0][2]
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = [f"{repeat} interleaved rounds, medians; 100 MB = 10^8 bytes through curl; "
-             f"{REQUESTS} requests, a new connection each, from a Python client.", "",
+             f"{REQUESTS} requests, a new connection each, from a Python client. "
+             f"Load average when the rounds ended: {load} (on {os.cpu_count()} cores).", "",
              "| path | 100 MB download | MB/s | vs direct | 1,000 requests | added per "
              "connection |", "|---|---:|---:|---:|---:|---:|"]
     for label, dl, sm in results:
@@ -174,8 +176,11 @@ def table(results: list[tuple[str, float, float]], repeat: int) -> str:
               "connection. The proxied path is two loopback TCP connections and one copy in "
               "corral's proxy (the bridge passes each accepted socket to the proxy and stays "
               "out of the data path); on two cores with a fast origin and curl, direct is "
-              "already CPU-bound, so the ratio moves with machine load. srt is "
-              "`@anthropic-ai/sandbox-runtime` from npm, in the same rounds."]
+              "already CPU-bound, so the ratio moves with machine load. The proxy checks each "
+              "name's address against the host's own (a netlink route lookup, skipped for "
+              "pinned names as here) and gives each tunnel 256 KiB socket buffers from the "
+              "run's byte budget. srt is `@anthropic-ai/sandbox-runtime` from npm, in the same "
+              "rounds, when it is installed."]
     return "\n".join(lines)
 
 

@@ -73,9 +73,14 @@ def shared_tmp() -> Iterator[Path]:
 
 @pytest.fixture(scope="session")
 def readable_src(shared_tmp: Path) -> Path:
-    """A copy of corral's source that the unprivileged user can read."""
+    """A copy of corral's source that the unprivileged user can read, with the one library
+    corral needs (``idna``) beside it."""
+    import idna
+
     dest = shared_tmp / "src"
     shutil.copytree(SRC / "corral", dest / "corral",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(idna.__file__).parent, dest / "idna",
                     ignore=shutil.ignore_patterns("__pycache__"))
     for p in [dest, *dest.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)

@@ -10,6 +10,7 @@ import http.server
 import os
 import select
 import socket
+import textwrap
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -122,17 +123,32 @@ class HostBridge:
         os.close(self.stop_w)
 
 
-def exchange(port: int, data: bytes, timeout: float = 30.0) -> bytes:
-    """Send ``data`` to the bridge, half-close, and read everything until the proxy closes."""
+def exchange(port: int, data: bytes, timeout: float = 30.0, trickle: bool = False) -> bytes:
+    """Send ``data`` to the bridge (``trickle``: one byte per TCP segment), half-close, and
+    read everything until the proxy closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         with contextlib.suppress(OSError):
-            sock.sendall(data)
+            if trickle:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                for i in range(len(data)):
+                    sock.send(data[i:i + 1])
+            else:
+                sock.sendall(data)
             sock.shutdown(socket.SHUT_WR)
         chunks = []
         with contextlib.suppress(OSError):
             while chunk := sock.recv(65536):
                 chunks.append(chunk)
         return b"".join(chunks)
+
+
+def write_script(who: Any, name: str, text: str) -> Path:
+    """``text`` (dedented) in a file of ``who``'s temp directory that the sandbox can read."""
+    path = who.tmp / name
+    path.write_text(textwrap.dedent(text))
+    who.chown(path)
+    path.chmod(0o644)
+    return path
 
 
 def open_fds() -> set[int]:

@@ -215,3 +215,18 @@ def test_agent_reaches_only_allowed_names_through_the_proxy(who: Identity, lab: 
         # Control: the naive sandbox shares the host network and reaches it directly.
         ctl = naive(who, lab, f"curl -sS --noproxy '*' http://127.0.0.1:{origin.port}/x")
         assert ctl.stdout.startswith("GET /x") and origin.connections == 2
+
+
+def test_the_network_line_leaves_out_what_deny_removed(who: Identity, lab: Lab) -> None:
+    flags = ("--allow-domain", "origin.test", "--allow-domain", "gone.test",
+             "--allow-domain", "*.cdn.test")
+    r = agent(who, lab, "true", *flags, "--deny-domain", "gone.test",
+              "--deny-domain", "secret.cdn.test")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stderr.splitlines() if x.startswith("corral: network:"))
+    assert line == ("corral: network: only origin.test, *.cdn.test, through corral's proxy "
+                    "(never secret.cdn.test)")
+    # Control: without the deny rule the same name is listed.
+    ctl = agent(who, lab, "true", *flags)
+    assert "corral: network: only origin.test, gone.test, *.cdn.test, through corral's " \
+           "proxy" in ctl.stderr

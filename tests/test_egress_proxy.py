@@ -10,11 +10,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import os
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -25,18 +21,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SRC, need
-from corral.egress.proxy import system_resolver
+from conftest import Identity
 from corral.egress.rules import IPAddress
 from corral.egress.session import Session, open_session
 from corral.policy import Network
 from egress_util import HostBridge, Origin, exchange, open_fds
+from netns_util import run_in_netns
 
 
 def local_resolver(name: str, port: int) -> Sequence[IPAddress]:
-    """The host's resolver for ``localhost`` only; any other lookup fails the test."""
+    """``localhost`` only, as /etc/hosts has it; any other lookup fails the test."""
     assert name == "localhost", f"the proxy tried to resolve {name!r}"
-    return system_resolver(name, port)
+    return [ipaddress.ip_address("127.0.0.1")]
 
 
 @contextlib.contextmanager
@@ -184,30 +180,47 @@ def test_a_name_is_resolved_once_and_the_checked_address_is_used(tmp_path: Path)
         assert calls == ["localhost"], "a refused name must never reach the resolver"
 
 
+DIGITS = st.sampled_from(["\u00b2", "\u00b9", "\u0663", "\uff11", "+1", "-1", "1_0", "0x1",
+                          "8" * 14, "80", ""])
+HOP_NAMES = st.sampled_from(["content-length", "host", "transfer-encoding", "expect", "x-a",
+                             "keep-alive", "close", "te, content-length", "Host, x-a"])
 HOSTILE = st.one_of(
     st.binary(max_size=400),
     st.builds(lambda m, h, p, tail: f"{m} {h}:{p} HTTP/1.1\r\n".encode() + tail,
               st.sampled_from(["CONNECT", "GET", "POST", "connect", "CONNECT\t"]),
               st.sampled_from([*LOOPBACK_SPELLINGS, "origin.test", "evil.test", "", "[", "a" * 300,
                                "origin.test\x00.evil", "http://origin.test", "ORIGIN.TEST."]),
-              st.one_of(st.integers(-1, 70000), st.just("CANARY"), st.text(max_size=6)),
+              st.one_of(st.integers(-1, 70000), st.just("CANARY"), st.text(max_size=6), DIGITS),
               st.binary(max_size=200)),
     st.builds(lambda kind, data: b"\x05\x01\x00\x05" + data[:1] + b"\x00" + bytes((kind,)) +
               data[1:], st.integers(0, 255), st.binary(max_size=64)),
     st.builds(lambda head: head + b"\r\n\r\n", st.binary(max_size=300)),
+    # Unicode and signed numbers in the Host port and Content-Length, hop-by-hop names in
+    # Connection: each must be one answer and one log line, never a crash.
+    st.builds(lambda port, length, named, enc: (
+        f"POST http://origin.test:CANARY/ HTTP/1.1\r\nHost: origin.test:{port}\r\n"
+        f"Connection: {named}\r\nContent-Length: {length}\r\n\r\nbody").encode(enc, "replace"),
+        DIGITS, DIGITS, HOP_NAMES, st.sampled_from(["latin-1", "utf-8"])),
 )
 
 
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(data=st.lists(HOSTILE, min_size=1, max_size=4))
-def test_fuzzed_hostile_requests(fuzz_proxy: dict[str, object], data: list[bytes]) -> None:
-    port, canary = fuzz_proxy["port"], fuzz_proxy["canary"]
-    assert isinstance(port, int) and isinstance(canary, Origin)
-    for raw in data:
+@given(data=st.lists(st.tuples(HOSTILE, st.booleans()), min_size=1, max_size=4))
+def test_fuzzed_hostile_requests(fuzz_proxy: dict[str, object],
+                                 data: list[tuple[bytes, bool]]) -> None:
+    """Every request that sent a byte gets an answer and a log line, whole or a byte at a
+    time; none reaches the canary."""
+    port, canary, session = fuzz_proxy["port"], fuzz_proxy["canary"], fuzz_proxy["session"]
+    assert isinstance(port, int) and isinstance(canary, Origin) and isinstance(session, Session)
+    assert session.log is not None
+    for raw, trickle in data:
         raw = raw.replace(b"CANARY", str(canary.port).encode())
-        response = exchange(port, raw, timeout=60)
-        assert not response or response.startswith((b"HTTP/1.1 ", b"\x05", b"\x00"))
+        lines = session.log.lines
+        response = exchange(port, raw, timeout=60, trickle=trickle)
+        assert response.startswith((b"HTTP/1.1 ", b"\x05", b"\x00")) if raw else True
+        if raw:
+            assert session.log.lines > lines, raw  # logged before it was answered
     assert canary.connections == 0
 
 
@@ -224,13 +237,14 @@ def fuzz_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, o
         pins = (("origin.test", "127.0.0.1"),)
         allow = (f"origin.test:{origin.port}", "localhost")
         with proxy(tmp, allow, pins=pins) as (session, port):
-            state: dict[str, object] = {"port": port, "canary": canary}
+            state: dict[str, object] = {"port": port, "canary": canary, "session": session}
             yield state
             ok = exchange(port, f"GET http://origin.test:{origin.port}/ HTTP/1.1\r\n\r\n"
                           .encode())
             assert status(ok) == 200, "the proxy must still serve after the fuzzing"
             assert session.thread is not None and session.thread.is_alive()
             assert session.log is not None and session.log.denied > 100  # the fuzz got deep
+            assert session.proxy is not None and session.proxy.failures == 0, "a crash"
         assert canary.connections == 0
     _wait_for_fds(before)
 
@@ -292,53 +306,67 @@ def test_closing_the_session_ends_open_tunnels(tmp_path: Path) -> None:
 
 
 REBIND = r"""
-import socket, sys
-from corral.egress.session import Session, open_session
+import ipaddress, socket, threading
+from netns_prelude import start_remote
+from corral.egress.session import open_session
 from corral.policy import Network
-from egress_util import HostBridge, Origin, exchange
-PUBLIC = "11.22.33.44"  # assigned to this namespace's own loopback: nothing leaves it
+from egress_util import Handler, HostBridge, Origin, exchange
+remote, port = start_remote("11.22.33.1", "11.22.33.44")  # a public-looking peer, not ours
 answers = []
-def rebinding(name, port):  # a public answer first, then loopback, alternating
-    import ipaddress
+def rebinding(name, _):  # the remote address first, then loopback, alternating
     answers.append(name)
-    return [ipaddress.ip_address(PUBLIC if len(answers) % 2 else "127.0.0.1")]
-class At(Origin):
-    def __init__(self, address, port):
-        self.address_family = socket.AF_INET
-        super(Origin, self).__init__((address, port), __import__("egress_util").Handler)
+    return [ipaddress.ip_address("11.22.33.44" if len(answers) % 2 else "127.0.0.1")]
+class Canary(Origin):  # on loopback, at the remote origin's port
+    def __init__(self, port):
+        super(Origin, self).__init__(("127.0.0.1", port), Handler)
         self.connections, self.requests = 0, []
-        import threading
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-with At(PUBLIC, 0) as origin, At("127.0.0.1", origin.port) as canary:
+with Canary(port) as canary:
     session = open_session(Network(allow=("rebind.test",)), None, resolver=rebinding)
     with session, HostBridge(session) as bridge:
         first = exchange(bridge.port, b"CONNECT rebind.test:%d HTTP/1.1\r\n\r\nGET / HTTP/1.1"
-                         b"\r\nHost: r\r\nConnection: close\r\n\r\n" % origin.port)
-        second = exchange(bridge.port, b"CONNECT rebind.test:%d HTTP/1.1\r\n\r\n" % origin.port)
+                         b"\r\nHost: r\r\n\r\n" % port)
+        second = exchange(bridge.port, b"CONNECT rebind.test:%d HTTP/1.1\r\n\r\n" % port)
     seen = canary.connections
     exchange(canary.port, b"GET / HTTP/1.1\r\nConnection: close\r\n\r\n")  # control: it is live
-    print(seen, "|", first.split(b"\r\n")[0].decode(), "|", second.split(b"\r\n")[0].decode(), "|",
-          origin.connections, canary.connections, len(answers))
+    print(seen, "|", first.split(b"\r\n")[0].decode(), "|", second.split(b"\r\n")[0].decode(),
+          "|", first.rsplit(b"\n", 2)[-2].decode(), canary.connections, len(answers))
+remote.kill()
 """
 
 
-def test_dns_rebinding_cannot_redirect_a_checked_connection(tmp_path: Path) -> None:
-    """In a network namespace this test creates, a name answers a public address, then
+def test_dns_rebinding_cannot_redirect_a_checked_connection(who: Identity) -> None:
+    """In network namespaces this test creates, a name answers a remote address, then
     loopback.  Each request is resolved once and connects to what was checked."""
-    need(shutil.which("unshare") is not None and shutil.which("ip") is not None,
-         "unshare and ip are installed on this kind of machine")
-    script = tmp_path / "rebind.py"
-    script.write_text(REBIND)
-    setup = "ip link set lo up && ip addr add 11.22.33.44/32 dev lo && exec \"$@\""
-    env = dict(os.environ, PYTHONPATH=f"{SRC}:{Path(__file__).parent}")
-    proc = subprocess.run(["unshare", "--map-root-user", "--net", "sh", "-c", setup, "sh",
-                           sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=120, check=False)
-    need(proc.returncode == 0 or "Traceback" in proc.stderr,
-         f"cannot create a network namespace here: {proc.stderr.strip()}")
+    proc = run_in_netns(who, REBIND)
     assert proc.returncode == 0, proc.stderr
     seen, first, second, counts = (part.strip() for part in proc.stdout.split("|"))
     assert first == "HTTP/1.1 200 Connection established"
     assert second == "HTTP/1.1 403 Forbidden"  # the loopback answer is refused
     assert seen == "0"  # the loopback canary was never reached through the proxy...
-    assert counts == "1 1 2"  # ...though it is live (the control), and each request resolved once
+    # ...though it is live (the control); the remote origin was reached once; each request
+    # was resolved once.
+    assert counts == "remote 1 1 2"
+
+
+def test_a_failure_inside_the_proxy_is_a_logged_400_and_prints_nothing(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever goes wrong while handling a request, the client gets an answer and the log
+    a line, and nothing reaches stderr (which is the user's terminal)."""
+    from corral.egress import http as http_module
+
+    def broken(head: bytes) -> object:
+        raise RuntimeError("a bug")
+
+    with Origin() as origin, proxy(tmp_path, ("origin.test",),
+                                   pins=(("origin.test", "127.0.0.1"),)) as (session, port):
+        request = f"GET http://origin.test:{origin.port}/ HTTP/1.1\r\n\r\n".encode()
+        assert status(exchange(port, request)) == 200  # control: the same request works
+        monkeypatch.setattr(http_module, "parse_request", broken)
+        response = exchange(port, request)
+        assert status(response) == 400 and b"corral's proxy failed" in response
+        assert session.proxy is not None and session.proxy.failures == 1
+    assert [x["code"] for x in log_lines(tmp_path)] == ["allowed", "bad-request"]
+    assert origin.connections == 1
+    assert capfd.readouterr().err == ""

@@ -243,3 +243,101 @@ def test_socks_parser_only_raises_socks_error(data: bytes) -> None:
             parse(data)  # type: ignore[operator]
         except socks.SocksError as e:
             assert 0 < e.reply_code < 9
+
+
+# -- IDNA 2008, numbers, smuggling, relays (issue 11) --------------------------------
+
+@pytest.mark.parametrize(("written", "normal"), [
+    ("xn--strae-oqa.test", "xn--strae-oqa.test"),  # the IDNA 2008 form, written as such
+    ("XN--BCHER-KVA.example", "xn--bcher-kva.example"),
+    ("\u03c3\u03b1\u03c3.gr", "xn--mxa9ab.gr"),  # Greek: no deviation characters
+    ("_dmarc.bücher.example", "_dmarc.xn--bcher-kva.example"),
+])
+def test_idna_2008_names(written: str, normal: str) -> None:
+    assert normalise_name(written) == normal
+
+
+@pytest.mark.parametrize("ambiguous", ["straße.test", "faß.de", "a\u200db.test"])
+def test_names_read_two_ways_are_refused(ambiguous: str) -> None:
+    """IDNA 2003 maps ß to ss and drops joiners; IDNA 2008 keeps them: two names."""
+    with pytest.raises(ValueError, match="IDNA 200"):
+        normalise_name(ambiguous)
+
+
+@pytest.mark.parametrize("bad", ["xn--zz-.test", "xn--a.test", "☃.test"])
+def test_invalid_idna_is_refused(bad: str) -> None:
+    with pytest.raises(ValueError):
+        normalise_name(bad)
+
+
+def test_a_deny_rule_in_idna_2008_form_matches_what_curl_sends() -> None:
+    with pytest.raises(UsageError, match="IDNA 2003"):
+        rules(allow=("*.test",), deny=("straße.test",))
+    r = rules(allow=("*.test",), deny=("xn--strae-oqa.test",))
+    assert r.decide("xn--strae-oqa.test", 443).code == Code.DENIED
+    assert r.decide("strasse.test", 443).allowed  # another name under IDNA 2008
+
+
+UNICODE_DIGITS = ["\u00b2", "\u00b9", "\u0663", "\uff11", "+1", "-1", "1_0", "1 1", "0x10",
+                  "1" * 14]
+
+
+@pytest.mark.parametrize("digits", UNICODE_DIGITS)
+def test_ports_and_lengths_are_ascii_digits_only(digits: str) -> None:
+    raw = digits.encode("latin-1", "replace") if digits.isascii() or ord(max(digits)) < 256 \
+        else digits.encode()
+    heads = [b"GET http://a.test/ HTTP/1.1\r\nHost: a.test:" + raw + b"\r\n\r\n",
+             b"POST http://a.test/ HTTP/1.1\r\nContent-Length: " + raw + b"\r\n\r\n",
+             b"CONNECT a.test:" + raw + b" HTTP/1.1\r\n\r\n"]
+    for head in heads:
+        with pytest.raises(http.BadRequest) as info:
+            http.parse_request(head)
+        assert info.value.status in (400, 403)
+
+
+@pytest.mark.parametrize("named", ["content-length", "Host", "transfer-encoding", "expect",
+                                   "keep-alive, Content-Length"])
+def test_connection_may_not_name_framing_or_routing_headers(named: str) -> None:
+    head = (f"POST http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: {named}\r\n"
+            "Content-Length: 3\r\n\r\n").encode()
+    with pytest.raises(http.BadRequest, match="not hop-by-hop"):
+        http.parse_request(head)
+
+
+def test_host_and_content_length_are_always_forwarded() -> None:
+    req = http.parse_request(b"POST http://a.test:81/p HTTP/1.1\r\nHost: a.test:81\r\n"
+                             b"Connection: keep-alive, X-Drop\r\nX-Drop: 1\r\n"
+                             b"Content-Length: 3\r\n\r\n")
+    assert http.upstream_head(req, "a.test") == (
+        b"POST /p HTTP/1.1\r\nHost: a.test:81\r\nContent-Length: 3\r\nConnection: close\r\n\r\n")
+
+
+def test_head_reader_finds_the_end_across_chunks_and_caps_the_size() -> None:
+    reader = http.HeadReader()
+    head = b"GET http://a.test/ HTTP/1.1\r\nX: y\r\n\r\n"
+    results = [reader.feed(head[i:i + 1]) for i in range(len(head) - 1)]
+    assert results == [None] * (len(head) - 1)
+    assert reader.feed(head[-1:] + b"body") == (head, b"body")
+    big = http.HeadReader()
+    with pytest.raises(http.BadRequest) as info:
+        for _ in range(http.MAX_HEAD // 1000 + 2):
+            big.feed(b"a" * 1000)
+    assert info.value.status == 431
+
+
+def test_loopback_rules_with_a_port_are_relayed_and_nothing_else() -> None:
+    r = rules(allow=("127.0.0.1:11434", "localhost:8080", "[::1]:9000", "127.0.0.1",
+                     "*.test:80", "api.test:443", "10.0.0.5:80", "gone.test:81"),
+              deny=("gone.test",),
+              pins=(("localhost", "127.0.0.1"), ("gone.test", "127.0.0.1")))
+    assert [(str(x.listen), x.port, x.target) for x in r.relays()] == [
+        ("127.0.0.1", 11434, "127.0.0.1"), ("127.0.0.1", 8080, "localhost"),
+        ("::1", 9000, "[::1]")]
+    with pytest.raises(UsageError, match="corral's proxy"):
+        rules(allow=("127.0.0.1:3128",))
+
+
+def test_shown_allow_rules_leave_out_what_deny_removes() -> None:
+    r = rules(allow=("api.example.com", "*.test", "a.example", "b.example:443"),
+              deny=("api.example.com", "*.example:443", "secret.test"))
+    assert r.shown() == ("*.test", "a.example")

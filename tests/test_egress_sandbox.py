@@ -10,30 +10,21 @@ import json
 import shutil
 import socket
 import subprocess
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from conftest import Identity, need, raw_bwrap
-from egress_util import Origin, StaticOrigin, package_index
+from egress_util import Origin, StaticOrigin, package_index, write_script
 
 pytestmark = pytest.mark.sandbox
 
 PIN = ("--allow-domain", "origin.test", "--resolve", "origin.test:127.0.0.1")
 
 
-def _script(who: Identity, name: str, text: str) -> Path:
-    path = who.tmp / name
-    path.write_text(textwrap.dedent(text))
-    who.chown(path)
-    path.chmod(0o644)
-    return path
-
-
 def test_common_clients_reach_a_pinned_origin_and_others_are_denied(who: Identity) -> None:
     need(shutil.which("curl") is not None, "curl is not installed")
-    urllib = _script(who, "fetch.py", """
+    urllib = write_script(who, "fetch.py", """
         import sys, urllib.request, urllib.error
         try:
             print(urllib.request.urlopen(sys.argv[1], timeout=30).read().decode(), end="")
@@ -141,7 +132,7 @@ except socket.gaierror:
 
 
 def test_no_dns_udp_icmp_raw_or_direct_connections(who: Identity, bwrap: str) -> None:
-    probe = _script(who, "probe.py", PROBES)
+    probe = write_script(who, "probe.py", PROBES)
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.bind(("127.0.0.1", 0))
     udp.settimeout(0.5)
@@ -183,7 +174,7 @@ def test_the_payload_holds_no_proxy_descriptor(who: Identity) -> None:
 
 def test_a_profile_network_table_works_and_is_validated(who: Identity) -> None:
     with Origin() as origin:
-        good = _script(who, "net.toml", """
+        good = write_script(who, "net.toml", """
             [network]
             allow = ["origin.test"]
             resolve = { "origin.test" = "127.0.0.1" }
@@ -193,7 +184,7 @@ def test_a_profile_network_table_works_and_is_validated(who: Identity) -> None:
         assert r["stdout"] == f"GET /p host=origin.test:{origin.port}\n", r
     for bad in ('allow = ["http://x.test/"]', 'resolve = { "x.test" = "x.test" }',
                 'allow = ["x.test"]\nresolve = ["x.test:127.0.0.1"]', 'alow = ["x.test"]'):
-        f = _script(who, "bad.toml", "[network]\n" + bad + "\n")
+        f = write_script(who, "bad.toml", "[network]\n" + bad + "\n")
         out = who.corral("run", "--profile", str(f), "--", "/bin/true")
         assert out.returncode == 125 and out.stderr.count("\n") == 1, (bad, out.stderr)
 
@@ -206,13 +197,25 @@ def test_a_profile_network_table_works_and_is_validated(who: Identity) -> None:
     ["--resolve", "origin.test"],
     ["--resolve", "origin.test:127.1", "--allow-domain", "origin.test"],
     ["--resolve", "origin.test:127.0.0.1"],  # pinned but never allowed
+    ["--allow-domain", "*.test", "--deny-domain", "stra\u00dfe.test"],  # IDNA 2003 != 2008
+    ["--allow-domain", "fa\u00df.de"],
+    ["--allow-domain", "127.0.0.1:3128"],  # the bridge's own port inside
 ])
 def test_bad_network_flags_are_one_line_and_exit_125(who: Identity, flags: list[str]) -> None:
-    r = who.corral("run", *flags, "--", "/bin/true")
+    r = who.corral("run", *flags, "--", "/bin/true", env={"LANG": "C.UTF-8"})
     assert r.returncode == 125 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("corral: error: ")
     runs = who.tmp / "runs"
     assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_idna_2008_names_work_for_both_identities(who: Identity) -> None:
+    """The IDNA 2008 form of a name runs (as the plain user too, from the readable copy with
+    idna beside it); its ambiguous spelling is refused (above)."""
+    r = who.corral_json("--allow-domain", "*.test", "--deny-domain", "xn--strae-oqa.test",
+                        "--allow-domain", "b\u00fccher.test", "--", "/bin/sh", "-c",
+                        "curl -sS -o /dev/null -w '%{http_code}' http://xn--strae-oqa.test/")
+    assert r["stdout"] == "403" and r["denials"][0]["code"] == "denied", r
 
 
 MANY_TUNNELS = r"""
@@ -248,7 +251,7 @@ print(json.dumps({"stdout": result.stdout.decode(), "stderr": result.stderr.deco
 
 
 def test_500_concurrent_tunnels_through_one_run_then_no_descriptors(who: Identity) -> None:
-    script = _script(who, "many.py", MANY_TUNNELS)
+    script = write_script(who, "many.py", MANY_TUNNELS)
     with Origin() as origin:
         proc = subprocess.run([*who.prefix(), str(script), str(origin.port)],
                               env=who.environ(), cwd=who.tmp, capture_output=True, text=True,

@@ -117,7 +117,11 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
         ws = os.path.join(runs_dir or workspace.default_runs_dir(), "RUN-ID", "work")
         uid, gid = resolve.sandbox_identity(policy, facts, None)
     sb = resolve.resolve_run(policy, list(cmd), facts, ws, uid, gid, env)
-    return egress.attach(sb, egress.Bridge(None)) if wants_network else sb
+    return egress.attach(sb, _planned_bridge(policy)) if wants_network else sb
+
+
+def _planned_bridge(policy: Policy) -> egress.Bridge:
+    return egress.plan_bridge(egress.compile_rules(policy.network))
 
 
 def _check_network(policy: Policy) -> bool:
@@ -239,7 +243,7 @@ def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
     """The sandbox :func:`run_agent` would start in ``project``, creating nothing."""
     wants_network = _check_network(policy)
     sb, layout = agent.resolve_agent(policy, list(cmd), host.detect(), project, env)
-    return (egress.attach(sb, egress.Bridge(None)) if wants_network else sb), layout
+    return (egress.attach(sb, _planned_bridge(policy)) if wants_network else sb), layout
 
 
 def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool = False,
@@ -310,8 +314,8 @@ def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, 
     (``image``, when given, is its file system; see :func:`corral.enforce.launch_limited`).
     Returns the limited outcome, the egress denials and the egress log's path.
     """
-    net = egress.open_session(policy.network, record_dir) if policy.network.allow \
-        else egress.NoEgress()
+    net = egress.open_session(policy.network, record_dir, cpu_share=policy.limits.cpus) \
+        if policy.network.allow else egress.NoEgress()
     with net:
         limited = enforce.launch_limited(
             net.attach(sb), policy, facts, cg_plan, run_id, measured, image, disk_why,

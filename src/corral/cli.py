@@ -101,6 +101,21 @@ def network_from_args(network: Any, args: argparse.Namespace) -> Any:
                    resolve=(*network.resolve, *(parse_pin(p) for p in args.resolve)))
 
 
+def network_line(network: Any) -> str:
+    """What the run may reach, for one stderr line: allow rules that a deny rule cancels
+    are not listed, and the deny rules that remain are named."""
+    from .egress.rules import compile_rules
+
+    rules = compile_rules(network)
+    shown = rules.shown()
+    if not shown:
+        return "corral: network: none"
+    never = [str(d) for d in rules.deny if not any(d.covers(a) for a in rules.allow)
+             and any(a.covers(d) for a in rules.allow)]
+    return (f"corral: network: only {', '.join(shown)}, through corral's proxy"
+            + (f" (never {', '.join(never)})" if never else ""))
+
+
 def _agent_parser(a: argparse.ArgumentParser) -> None:
     a.usage = "corral agent [options] -- AGENT [ARG...]"
     a.description = ("Run AGENT with this directory writable, the rest of the system "
@@ -357,9 +372,7 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
         if args.verb != "agent":
             return
         print(note_environment(sb), file=sys.stderr)
-        allowed = policy.network.allow
-        print("corral: network: " + (f"only {', '.join(allowed)}, through corral's proxy"
-                                     if allowed else "none"), file=sys.stderr)
+        print(network_line(policy.network), file=sys.stderr)
 
     result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
                            record=args.verb == "agent", announce=announce)

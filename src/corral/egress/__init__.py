@@ -1,8 +1,13 @@
 """Egress: the only way out of a sandbox, through corral's filtering proxy.
 
+    hosts    host names (IDNA 2008), IP literals, ports; special addresses (pure)
     rules    which names, ports and addresses may be reached (pure)
     http     strict HTTP/1.x request heads: parse, check, rewrite (pure)
     socks    SOCKS5 CONNECT (pure)
+    account  one run's CPU share and byte budget in the proxy (pure)
+    local    whether an address is this host's own (netlink route lookup)
+    opener   decide, resolve, admit, connect
+    handshake  reading one client's request (paced, timed), answering in its protocol
     proxy    the host-side asyncio proxy of one run
     relay    moving a tunnel's bytes
     log      the run's decision log (``egress.jsonl``)
@@ -18,16 +23,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["Bridge", "Decision", "NoEgress", "Rules", "Session", "attach", "compile_rules",
-           "open_session", "proxy_env"]
+           "open_session", "plan_bridge", "proxy_env"]
 
 _WHERE = {"Decision": "rules", "Rules": "rules", "compile_rules": "rules",
           "Bridge": "session", "NoEgress": "off", "Session": "session", "attach": "session",
-          "open_session": "session", "proxy_env": "session"}
+          "open_session": "session", "plan_bridge": "session", "proxy_env": "session"}
 
 if TYPE_CHECKING:
     from .off import NoEgress
     from .rules import Decision, Rules, compile_rules
-    from .session import Bridge, Session, attach, open_session, proxy_env
+    from .session import Bridge, Session, attach, open_session, plan_bridge, proxy_env
 
 
 def __getattr__(name: str) -> Any:

@@ -15,6 +15,13 @@ launcher handed in (``SCM_RIGHTS``), then closes its own copy.  The bridge
 never reads a byte of the payload's traffic: the proxy reads the request,
 decides, connects and relays, so the data crosses one user-space relay only.
 
+The bridge also listens on each relayed loopback address and port
+(``spec["relays"]``, from rules such as ``--allow-domain 127.0.0.1:11434``),
+so a client that ignores proxy variables and connects straight to
+``127.0.0.1:11434`` reaches the host's service there.  The proxy tells which
+listener accepted a socket from the socket's own address (``getsockname``),
+which the payload cannot forge.
+
 Why this direction of descriptor passing is safe: only sockets *from* the
 sandbox go to the host, never a host socket into the sandbox (a host TCP
 socket can be disconnected with ``connect(AF_UNSPEC)`` and reconnected
@@ -43,27 +50,41 @@ BACKLOG = 4096
 MESSAGE = b"c"  # one byte per passed socket; the descriptor is the message
 
 
+def _listen(host: str, port: int) -> Any:
+    family = _socket.AF_INET6 if ":" in host else _socket.AF_INET
+    sock = _socket.socket(family, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC, 0)
+    sock.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
 class Bridge:
     """Listens on 127.0.0.1 inside the sandbox; passes each accepted socket to the proxy."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.ctrl = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET, 0, int(spec["fd"]))
-        self.listener = _socket.socket(_socket.AF_INET,
-                                       _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC, 0)
-        self.listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
-        self.listener.bind((spec.get("host", "127.0.0.1"), int(spec["port"])))
-        self.listener.listen(BACKLOG)
-        self.listener.setblocking(False)
         os.set_inheritable(self.ctrl.fileno(), False)
+        self.listeners: list[Any] = []
+        try:
+            self.listeners.append(_listen(spec.get("host", "127.0.0.1"), int(spec["port"])))
+            for host, port in spec.get("relays", ()):
+                self.listeners.append(_listen(str(host), int(port)))
+        except OSError:
+            self.close()
+            raise
+        self.listener = self.listeners[0]
 
     @property
     def port(self) -> int:
         return int(self.listener.getsockname()[1])
 
-    def forward(self) -> bool:
-        """Accept one waiting connection and pass it on; False when none was waiting."""
+    def forward(self, listener: Any = None) -> bool:
+        """Accept one connection waiting on ``listener`` (default: the proxy port) and pass
+        it on; False when none was waiting."""
         try:
-            fd, _ = self.listener._accept()  # type: ignore[attr-defined]
+            fd, _ = (listener or self.listener)._accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return False
         except OSError:
@@ -81,19 +102,22 @@ class Bridge:
         """Forward connections until child ``pid`` ends; returns its wait status."""
         pidfd = os.pidfd_open(pid)
         poller = select.poll()
-        poller.register(self.listener.fileno(), select.POLLIN)
+        by_fd = {sock.fileno(): sock for sock in self.listeners}
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
         poller.register(pidfd, select.POLLIN)
         try:
             while True:
                 for fd, _ in poller.poll():
                     if fd == pidfd:
                         return os.waitpid(pid, 0)[1]
-                    while self.forward():
+                    while self.forward(by_fd[fd]):
                         pass
         finally:
             os.close(pidfd)
             self.close()
 
     def close(self) -> None:
-        self.listener.close()
+        for sock in self.listeners:
+            sock.close()
         self.ctrl.close()

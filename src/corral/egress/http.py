@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from .rules import Code, parse_host, parse_port, split_host_port
 
-__all__ = ["BadRequest", "Request", "deny_response", "parse_request", "upstream_head"]
+__all__ = ["BadRequest", "HeadReader", "Request", "deny_response", "parse_request",
+           "upstream_head"]
 
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
@@ -32,9 +33,14 @@ MAX_BODY = 1 << 40
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _TARGET_BAD = re.compile(r"[\x00-\x20\x7f-\xff]")
+# ASCII digits only: str.isdigit() and int() also take '¹', '٣' and a sign.
+_LENGTH = re.compile(r"[0-9]{1,13}\Z")
 # Hop-by-hop headers, never forwarded (RFC 9110, 7.6.1), plus the proxy's own.
 HOP_BY_HOP = frozenset({"connection", "proxy-connection", "keep-alive", "proxy-authorization",
                         "proxy-authenticate", "te", "trailer", "transfer-encoding", "upgrade"})
+# Headers that frame or route the message: a Connection header that names one asks the proxy
+# to drop it, and the origin would then read the body as a second request.  Refused.
+END_TO_END = frozenset({"host", "content-length", "transfer-encoding", "expect"})
 REASONS = {400: "Bad Request", 403: "Forbidden", 405: "Method Not Allowed",
            408: "Request Timeout", 411: "Length Required", 431: "Request Header Fields Too Large",
            502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout",
@@ -66,6 +72,28 @@ class Request:
     @property
     def tunnel(self) -> bool:
         return self.method == "CONNECT"
+
+
+class HeadReader:
+    """Collects a request head as it arrives, scanning each byte once.
+
+    A client that sends its head one byte at a time must not make the proxy
+    re-copy and re-scan everything received so far for every byte.
+    """
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+
+    def feed(self, chunk: bytes) -> tuple[bytes, bytes] | None:
+        """(head, bytes after it) once the head is complete, else None; BadRequest if too big."""
+        start = max(0, len(self.data) - 3)  # the end marker may straddle two chunks
+        self.data += chunk
+        end = self.data.find(b"\r\n\r\n", start, MAX_HEAD + 4)
+        if end >= 0:
+            return bytes(self.data[:end + 4]), bytes(self.data[end + 4:])
+        if len(self.data) > MAX_HEAD:
+            raise BadRequest(431, "the request head is over 64 KiB")
+        return None
 
 
 def _lines(head: bytes) -> list[str]:
@@ -125,7 +153,10 @@ def _same_host(header: str, host: str, port: int, default_port: int | None) -> b
         return False
     if h_port is None:
         return same and (default_port is None or port == default_port)
-    return same and h_port.isdigit() and int(h_port) == port
+    try:
+        return same and parse_port(h_port) == port
+    except ValueError:
+        return False
 
 
 def _absolute(target: str) -> tuple[str, int, str]:
@@ -172,9 +203,10 @@ def parse_request(head: bytes) -> Request:
     if any(k.lower() == "transfer-encoding" for k, _ in headers):
         raise BadRequest(411, "chunked request bodies are not forwarded; "
                               "send a Content-Length, or use HTTPS (CONNECT)")
+    _check_connection(headers)
     body = 0
     if length_text is not None:
-        if not length_text.isdigit() or len(length_text) > 13 or int(length_text) > MAX_BODY:
+        if not _LENGTH.match(length_text) or int(length_text) > MAX_BODY:
             raise BadRequest(400, "Content-Length is not a plain number")
         body = int(length_text)
         if method == "CONNECT" and body:
@@ -182,10 +214,26 @@ def parse_request(head: bytes) -> Request:
     return Request(method, host, port, path, version, headers, body)
 
 
+def _connection_names(headers: tuple[tuple[str, str], ...]) -> set[str]:
+    return {t.strip().lower() for k, v in headers if k.lower() == "connection"
+            for t in v.split(",")}
+
+
+def _check_connection(headers: tuple[tuple[str, str], ...]) -> None:
+    named = sorted(_connection_names(headers) & END_TO_END)
+    if named:
+        raise BadRequest(400, f"the Connection header names {named[0]}, which is not "
+                              "hop-by-hop; it is refused, not dropped")
+
+
 def upstream_head(req: Request, host: str) -> bytes:
-    """The head forwarded to the origin: origin form, hop-by-hop headers gone, close."""
-    named = {t.strip().lower() for k, v in req.headers if k.lower() == "connection"
-             for t in v.split(",")}
+    """The head forwarded to the origin: origin form, hop-by-hop headers gone, close.
+
+    Host and Content-Length always go through (:func:`parse_request` refused a
+    Connection header that names them), so the origin frames the body exactly
+    as the proxy forwards it.
+    """
+    named = _connection_names(req.headers) - END_TO_END
     lines = [f"{req.method} {req.path} HTTP/1.1"]
     if not any(k.lower() == "host" for k, _ in req.headers):
         lines.append(f"Host: {host}" + ("" if req.port == 80 else f":{req.port}"))

@@ -4,9 +4,13 @@ Measured on this kind of machine (2 cores, loopback, 400 MB): a plain copy
 with a large shared buffer beat ``os.splice`` through a pipe (0.46x against
 0.34x of direct), because spliced pages reach the client in small fragments
 and the client spent twice the CPU reading them; asyncio streams reached
-0.24x.  So: ``recv_into`` one shared 1 MiB buffer and ``send`` it straight
-on.  Only a stalled pump copies its unsent tail aside, so memory stays
-bounded by the tunnels that are actually blocked.
+0.24x.  So: ``recv_into`` one shared buffer and ``send`` it straight on.
+Only a stalled pump copies its unsent tail aside, and each read is at most
+the tunnel's ``window`` (its share of the run's byte budget, see
+:mod:`.account`), so a stalled tunnel holds at most one window each way.
+
+Nothing a peer does raises out of a callback: any failure closes the tunnel
+and is reported once through ``on_error``, never as a traceback.
 """
 
 from __future__ import annotations
@@ -51,7 +55,13 @@ class Pump:
             self.tunnel.loop.add_reader(self.src_fd, self._readable)
 
     def _readable(self) -> None:
-        buf = self.tunnel.buffer
+        try:
+            self._read()
+        except Exception as e:  # a bug, not a peer's doing: end this tunnel, say so once
+            self.tunnel.fail(e)
+
+    def _read(self) -> None:
+        buf = memoryview(self.tunnel.buffer)[:self.tunnel.window]
         for _ in range(BURST):
             try:
                 n = self.src.recv_into(buf)
@@ -68,7 +78,7 @@ class Pump:
                 self.left -= n
                 if n == 0:
                     continue  # past the declared body: dropped
-            if not self._send(memoryview(buf)[:n]):
+            if not self._send(buf[:n]):
                 return
 
     def _send(self, data: memoryview) -> bool:
@@ -89,6 +99,12 @@ class Pump:
         return False
 
     def _writable(self) -> None:
+        try:
+            self._write()
+        except Exception as e:
+            self.tunnel.fail(e)
+
+    def _write(self) -> None:
         try:
             sent = self.dst.send(self.pending)
         except (BlockingIOError, InterruptedError):
@@ -121,9 +137,14 @@ class Tunnel:
 
     def __init__(self, loop: asyncio.AbstractEventLoop, buffer: bytearray,
                  client: socket.socket, upstream: socket.socket,
-                 on_close: Callable[[Tunnel], None], *, body: int | None = None) -> None:
+                 on_close: Callable[[Tunnel], None], *, body: int | None = None,
+                 window: int | None = None,
+                 on_error: Callable[[Tunnel, Exception], None] | None = None) -> None:
         self.loop = loop
         self.buffer = buffer
+        self.window = len(buffer) if window is None else min(window, len(buffer))
+        self.grant = window  # what the run's account lent this tunnel, returned on close
+        self.on_error = on_error
         self.client, self.upstream = client, upstream
         self.on_close = on_close
         self.closed = False
@@ -142,6 +163,13 @@ class Tunnel:
         if (self.response_ends and pump is self.inbound) or (
                 self.outbound.done and self.inbound.done):
             self.close()
+
+    def fail(self, error: Exception) -> None:
+        """End the tunnel after an unexpected error, and report it (once)."""
+        first = not self.closed
+        self.close()
+        if first and self.on_error is not None:
+            self.on_error(self, error)
 
     def close(self) -> None:
         if self.closed:

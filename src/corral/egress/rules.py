@@ -3,11 +3,9 @@
 A decision is made in two steps, and the proxy connects only when both allow:
 
  1. :meth:`Rules.decide` looks at the target as the client wrote it.  The host
-    is parsed strictly (:func:`parse_host`): a name is normalised once (case,
-    trailing dot, IDNA) and that normal form is what is matched *and* what is
-    later resolved; an IP literal is accepted only in its canonical form, and
-    every other numeric spelling (``127.1``, ``2130706433``, ``0x7f.1``,
-    ``0177.0.0.1``) is refused, because resolvers disagree on what it means.
+    is parsed strictly (:mod:`.hosts`): a name is normalised once (case,
+    trailing dot, IDNA 2008) and that normal form is what is matched *and* what
+    is later resolved; an IP literal is accepted only in its canonical form.
     Deny rules win over allow rules; an empty allow list allows nothing; an IP
     literal is allowed only by a rule that lists it.
  2. :meth:`Rules.admit` looks at the addresses the name resolved to (or was
@@ -17,6 +15,8 @@ A decision is made in two steps, and the proxy connects only when both allow:
     Any other name is refused if *any* of its addresses is loopback, private,
     link-local, multicast, unspecified, reserved or a cloud metadata address,
     looking through IPv4-mapped, IPv4-compatible, NAT64 and 6to4 addresses.
+    After connecting, the proxy also refuses a peer that is one of the host's
+    own addresses (:mod:`.local`), again unless pinned or listed.
 
 Rule syntax: ``NAME``, ``*.NAME`` (subdomains only, not NAME itself), an IP
 literal (``10.0.0.5``, ``[fd00::1]``), each optionally followed by ``:PORT``.
@@ -26,47 +26,47 @@ A rule without a port matches every port.
 from __future__ import annotations
 
 import enum
-import functools
-import ipaddress
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+from .hosts import (
+    METADATA,
+    Host,
+    IPAddress,
+    address_problem,
+    canonical_ip,
+    normalise_name,
+    parse_host,
+    parse_port,
+    split_host_port,
+)
 
 if TYPE_CHECKING:
     from ..policy import Network
 
 __all__ = [
+    "METADATA",
     "Code",
     "Decision",
     "Host",
+    "IPAddress",
+    "Relay",
     "Rule",
     "Rules",
     "address_problem",
     "compile_rules",
+    "normalise_name",
     "parse_host",
     "parse_network",
     "parse_pin",
+    "parse_port",
     "parse_rule",
+    "split_host_port",
 ]
 
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\Z")
-_NUMERIC_LABEL = re.compile(r"(?:[0-9]+|0x[0-9a-f]*)\Z")
-_PORT = re.compile(r"[0-9]{1,5}\Z")
-
-# Cloud metadata services.  Most sit in ranges refused anyway (169.254.0.0/16,
-# fc00::/7, 100.64.0.0/10); Azure's wire server is a public address.
-METADATA = frozenset(ipaddress.ip_address(a) for a in (
-    "169.254.169.254", "169.254.170.2", "fd00:ec2::254", "100.100.100.200",
-    "168.63.129.16", "192.0.0.192",
-))
-_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
-_COMPAT = ipaddress.IPv6Network("::/96")
-_CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
+BRIDGE_PORT = 3128  # the bridge's port on 127.0.0.1 in the sandbox's own network namespace
 
 
 class Code(enum.StrEnum):
@@ -81,17 +81,6 @@ class Code(enum.StrEnum):
     UNRESOLVED = "unresolved"  # the name has no address
     BAD_REQUEST = "bad-request"  # the request itself is malformed or inconsistent
     UNREACHABLE = "unreachable"  # allowed, but the connection failed
-
-
-@dataclass(frozen=True, slots=True)
-class Host:
-    """A target host in normal form: ``name`` is lower-case ASCII, or the canonical IP."""
-
-    name: str
-    ip: IPAddress | None = None
-
-    def __str__(self) -> str:
-        return f"[{self.name}]" if isinstance(self.ip, ipaddress.IPv6Address) else self.name
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,81 +114,34 @@ class Rule:
             return host.ip is None and host.name.endswith("." + self.host.name)
         return (self.host.ip is None) == (host.ip is None) and self.host.name == host.name
 
+    def covers(self, other: Rule) -> bool:
+        """Whether every host and port ``other`` matches, this rule matches too."""
+        if self.port is not None and self.port != other.port:
+            return False
+        if not self.wildcard:
+            return not other.wildcard and self.matches(other.host, other.port or 1)
+        return other.host.ip is None and (
+            other.host.name.endswith("." + self.host.name)
+            or (other.wildcard and other.host.name == self.host.name))
+
     def __str__(self) -> str:
         text = ("*." if self.wildcard else "") + str(self.host)
         return text if self.port is None else f"{text}:{self.port}"
 
 
-def normalise_name(text: str) -> str:
-    """Lower-case ASCII (IDNA) form of a host name; raises ValueError saying why not."""
-    if not text or len(text) > 255 or any(c.isspace() or c in "%/\\@?#[]" for c in text):
-        raise ValueError("is not a host name")
-    if text.endswith("."):
-        text = text[:-1]
-    try:
-        ascii_name = text.encode("idna").decode("ascii").lower()
-    except UnicodeError:
-        raise ValueError("is not a valid host name (IDNA)") from None
-    labels = ascii_name.split(".")
-    if len(ascii_name) > 253 or not all(_LABEL.match(label) for label in labels):
-        raise ValueError("is not a valid host name")
-    if _NUMERIC_LABEL.match(labels[-1]):
-        # Resolvers read 127.1, 2130706433, 0x7f.1 and 0177.0.0.1 as addresses.
-        raise ValueError("is a numeric address in a non-canonical form")
-    return ascii_name
+@dataclass(frozen=True, slots=True)
+class Relay:
+    """A loopback address and port the bridge also listens on inside the sandbox.
 
+    A connection accepted there goes to ``target`` (the rule's literal or the
+    pinned name) on the same port, decided like a CONNECT to it: that is how a
+    client that ignores proxy variables reaches a model server on the host's
+    loopback (``--allow-domain 127.0.0.1:11434``).
+    """
 
-def _ip(text: str) -> IPAddress | None:
-    """The address if ``text`` is a canonical IPv4 literal or an IPv6 literal (no zone)."""
-    try:
-        addr = ipaddress.ip_address(text)
-    except ValueError:
-        return None
-    if isinstance(addr, ipaddress.IPv6Address):
-        if addr.scope_id is not None:
-            return None
-        if addr.ipv4_mapped is not None:
-            return addr.ipv4_mapped  # the same socket either way: match it as IPv4
-    return addr
-
-
-@functools.lru_cache(maxsize=4096)  # pure, and called several times per request
-def parse_host(text: str) -> Host:
-    """A target host: ``name``, ``1.2.3.4``, ``[::1]`` (brackets optional for IPv6)."""
-    inner = text[1:-1] if text.startswith("[") and text.endswith("]") else text
-    if ":" in inner:
-        addr = _ip(inner)
-        if addr is None:
-            raise ValueError("is not a valid IPv6 address")
-        return Host(str(addr), addr)
-    if inner != text:
-        raise ValueError("has brackets but is not an IPv6 address")
-    addr = _ip(text)
-    if addr is not None:
-        return Host(str(addr), addr)
-    return Host(normalise_name(text))
-
-
-def parse_port(text: str) -> int:
-    if not _PORT.match(text) or not 0 < int(text) < 65536:
-        raise ValueError(f"port {text!r} is not a number from 1 to 65535")
-    return int(text)
-
-
-def split_host_port(text: str) -> tuple[str, str | None]:
-    """``host``, ``host:port``, ``[v6]``, ``[v6]:port``; a bare IPv6 literal has no port."""
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            raise ValueError("has an unclosed '['")
-        rest = text[end + 1:]
-        if rest and not rest.startswith(":"):
-            raise ValueError("has text after ']'")
-        return text[:end + 1], rest[1:] if rest else None
-    if text.count(":") > 1:
-        return text, None
-    host, colon, port = text.partition(":")
-    return host, port if colon else None
+    listen: IPAddress
+    port: int
+    target: str
 
 
 def _rule_error(text: str, why: str) -> UsageError:
@@ -243,46 +185,12 @@ def check_pin(name: str, address: str) -> tuple[str, IPAddress]:
         raise UsageError(f"--resolve name {name!r} {e}", "a pin maps a host name to an address",
                          "give a host name like api.test") from None
     inner = address[1:-1] if address.startswith("[") and address.endswith("]") else address
-    addr = _ip(inner)
+    addr = canonical_ip(inner)
     if addr is None:
         raise UsageError(f"--resolve address {address!r} for {name} is not an IP address",
                          "pins take a canonical IPv4 or IPv6 address, never a name",
                          "write it like 127.0.0.1 or [::1]")
     return host.name, addr
-
-
-def address_problem(addr: IPAddress) -> str | None:
-    """Why ``addr`` is never reached unless pinned or listed, or None if it is public."""
-    if addr in METADATA:
-        return "a cloud metadata address"
-    if isinstance(addr, ipaddress.IPv6Address):
-        embedded = _embedded_ipv4(addr)
-        if embedded is not None:
-            inner = address_problem(embedded)
-            return None if inner is None else f"an IPv6 address embedding {embedded}, {inner}"
-    for test, what in (("is_unspecified", "the unspecified address"),
-                       ("is_loopback", "a loopback address"),
-                       ("is_link_local", "a link-local address"),
-                       ("is_multicast", "a multicast address"),
-                       ("is_reserved", "a reserved address"),
-                       ("is_private", "a private address")):
-        if getattr(addr, test):
-            return what
-    if isinstance(addr, ipaddress.IPv4Address) and addr in _CGNAT:
-        return "a shared (carrier-grade NAT) address"
-    if not addr.is_global:
-        return "a reserved address"
-    return None
-
-
-def _embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    if addr.ipv4_mapped is not None:
-        return addr.ipv4_mapped
-    if addr.sixtofour is not None:
-        return addr.sixtofour
-    if any(addr in net for net in _NAT64) or (addr in _COMPAT and int(addr) > 1):
-        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +208,27 @@ class Rules:
 
     def pinned(self, host: Host) -> IPAddress | None:
         return None if host.ip is not None or not self.pins else self.pins.get(host.name)
+
+    def explicit(self, host: Host) -> bool:
+        """Whether ``host`` names its address on purpose: a listed literal or a pinned name."""
+        return host.ip is not None or self.pinned(host) is not None
+
+    def relays(self) -> tuple[Relay, ...]:
+        """Loopback ports to relay inside the sandbox: allowed rules with a port whose
+        literal, or whose pinned address, is loopback; the first rule for an address wins."""
+        found: dict[tuple[IPAddress, int], Relay] = {}
+        for rule in self.allow:
+            address = rule.host.ip or self.pinned(rule.host)
+            if (rule.wildcard or rule.port is None or address is None
+                    or not address.is_loopback or (address, rule.port) in found):
+                continue
+            if self.decide(str(rule.host), rule.port).allowed:
+                found[address, rule.port] = Relay(address, rule.port, str(rule.host))
+        return tuple(found.values())
+
+    def shown(self) -> tuple[str, ...]:
+        """The allow rules that a deny rule does not cancel whole, for one line to the user."""
+        return tuple(str(a) for a in self.allow if not any(d.covers(a) for d in self.deny))
 
     def decide(self, host_text: str, port: int | str) -> Decision:
         """Step 1: the target as the client wrote it, against the deny and allow rules."""
@@ -336,8 +265,7 @@ class Rules:
         host = parse_host(decision.host)
         if not addresses:
             return decision.refuse(Code.UNRESOLVED, f"{host} has no address")
-        explicit = host.ip is not None or self.pinned(host) is not None
-        if not explicit:
+        if not self.explicit(host):
             for addr in addresses:
                 problem = address_problem(addr)
                 if problem is not None:
@@ -367,6 +295,11 @@ def compile_rules(network: Network) -> Rules:
         raise UsageError(f"--resolve pins {unused[0]}, but no allow rule matches it",
                          "a pin only says where a name goes; it does not allow the name",
                          f"add --allow-domain {unused[0]}")
+    clash = [r for r in rules.relays() if r.port == BRIDGE_PORT and str(r.listen) == "127.0.0.1"]
+    if clash:
+        raise UsageError(f"--allow-domain {clash[0].target}:{BRIDGE_PORT} cannot be relayed",
+                         f"127.0.0.1:{BRIDGE_PORT} inside the sandbox is corral's proxy",
+                         "run the local service on another port")
     return rules
 
 

@@ -32,19 +32,19 @@ from typing import TYPE_CHECKING, Any
 from ..bwrap import Sandbox
 from ..errors import LaunchError
 from ..policy import Network
+from .account import BYTE_BUDGET, Account
 from .log import DecisionLog
 from .off import NoEgress
-from .rules import Rules, compile_rules
+from .rules import BRIDGE_PORT, Rules, compile_rules
 
 if TYPE_CHECKING:  # asyncio costs ~15 ms to import: only a run that allows a name pays it
     import asyncio
 
-    from .proxy import Resolver
+    from .proxy import Proxy, Resolver
 
 __all__ = ["BRIDGE_PATH", "BRIDGE_PORT", "Bridge", "NoEgress", "Session", "attach",
-           "open_session", "proxy_env"]
+           "open_session", "plan_bridge", "proxy_env"]
 
-BRIDGE_PORT = 3128  # inside the sandbox's own network namespace, where nothing else listens
 BRIDGE_PATH = "/run/corral/bridge.py"  # beside the init (bwrap.INIT_PATH)
 LOG_NAME = "egress.jsonl"
 MAX_CONNECTIONS = 1024  # open client connections per run
@@ -58,7 +58,9 @@ def proxy_env(port: int = BRIDGE_PORT) -> tuple[tuple[str, str], ...]:
     ``ALL_PROXY`` is ``http://`` too: httpx (the OpenAI and Anthropic SDKs)
     refuses to start with a ``socks5://`` proxy unless an extra package is
     installed.  SOCKS5 is served on the same port for clients told to use it.
-    ``NO_PROXY`` keeps the sandbox's own loopback (its own servers) direct.
+    ``NO_PROXY`` keeps the sandbox's own loopback (its own servers) direct; a
+    loopback port that a rule allows on the host is relayed by the bridge
+    listening on it inside (:meth:`Rules.relays`), so it works direct too.
     """
     url = f"http://127.0.0.1:{port}"
     env = [(name, url) for base in ("http_proxy", "https_proxy", "all_proxy")
@@ -79,9 +81,16 @@ class Bridge:
 
     fd: int | None  # None in --dry-run: the descriptor exists only at launch
     port: int = BRIDGE_PORT
+    relays: tuple[tuple[str, int], ...] = ()  # loopback addresses and ports also listened on
 
     def config(self) -> dict[str, Any]:
-        return {"path": BRIDGE_PATH, "fd": self.fd, "port": self.port}
+        return {"path": BRIDGE_PATH, "fd": self.fd, "port": self.port,
+                "relays": [list(r) for r in self.relays]}
+
+
+def plan_bridge(rules: Rules, fd: int | None = None) -> Bridge:
+    """The bridge for ``rules``: the proxy port, and every relayed loopback port."""
+    return Bridge(fd, relays=tuple((str(r.listen), r.port) for r in rules.relays()))
 
 
 def attach(sb: Sandbox, bridge: Bridge) -> Sandbox:
@@ -101,8 +110,11 @@ class Session:
 
     def __init__(self, rules: Rules, record_dir: str | None, *,
                  resolver: Resolver | None = None,
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+                 max_connections: int = MAX_CONNECTIONS, cpu_share: float | None = None,
+                 byte_budget: int | None = BYTE_BUDGET) -> None:
         self.rules = rules
+        self.account = Account(cpu_share, byte_budget)
+        self.proxy: Proxy | None = None
         self.log_path = None if record_dir is None else os.path.join(record_dir, LOG_NAME)
         self.resolver = resolver
         self.max_connections = _fd_budget(max_connections)
@@ -138,8 +150,10 @@ class Session:
         from .proxy import Proxy, system_resolver
 
         loop = asyncio.new_event_loop()
-        proxy = Proxy(self.rules, self.log or DecisionLog(None), self.resolver or system_resolver,
-                      self.max_connections)
+        from .proxy import Run
+
+        run = Run(self.rules, self.log or DecisionLog(None), self.account)
+        proxy = self.proxy = Proxy(run, self.resolver or system_resolver, self.max_connections)
         try:
             assert self.ours is not None
             proxy.attach(loop, self.ours)
@@ -157,7 +171,7 @@ class Session:
     @property
     def bridge(self) -> Bridge:
         assert self.theirs is not None, "the session is not started"
-        return Bridge(self.theirs.fileno())
+        return plan_bridge(self.rules, self.theirs.fileno())
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
@@ -218,15 +232,18 @@ def _fd_budget(wanted: int) -> int:
 
 def open_session(network: Network, record_dir: str | None, *,
                  resolver: Resolver | None = None,
-                 max_connections: int = MAX_CONNECTIONS) -> Session | NoEgress:
+                 max_connections: int = MAX_CONNECTIONS, cpu_share: float | None = None,
+                 byte_budget: int | None = BYTE_BUDGET) -> Session | NoEgress:
     """Start the egress proxy for one run, or return :class:`NoEgress` if nothing is allowed.
 
     ``record_dir`` is the run's directory (``RUNS/<run-id>``): every decision
     is appended to ``egress.jsonl`` there.  Raises UsageError for bad rules
     and LaunchError if the proxy cannot start; either way nothing is left open.
+    ``cpu_share`` (the run's ``--cpus``) bounds the proxy's CPU time for this
+    run, and ``byte_budget`` what its tunnels buffer (:mod:`.account`).
     """
     rules = compile_rules(network)
     if not rules.enabled:
         return NoEgress()
-    return Session(rules, record_dir, resolver=resolver,
-                   max_connections=max_connections).start()
+    return Session(rules, record_dir, resolver=resolver, max_connections=max_connections,
+                   cpu_share=cpu_share, byte_budget=byte_budget).start()
