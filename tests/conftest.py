@@ -255,6 +255,8 @@ def root(shared_tmp: Path, readable_src: Path, bwrap: str) -> Iterator[Identity]
         shutil.rmtree(ident.tmp)
 
 
-# The agent-mode lab (a fake home and project) is a fixture for several test files; it is
-# defined beside its helpers and registered here, after everything it imports from us.
+# The agent-mode lab (a fake home and project) and the layers script are fixtures for
+# several test files; each is defined beside its helpers and registered here, after
+# everything it imports from us.
 from agent_lab import lab  # noqa: E402,F401
+from layer_tools import layers  # noqa: E402,F401

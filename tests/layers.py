@@ -8,10 +8,16 @@ prints one JSON object.  It runs as whichever identity the test chose, so it
 is a script rather than a fixture.
 
     layers.py [--off seccomp|landlock|payload-filter]... [--profile NAME]
-              [--input PATH]... [--extra-writable DIR] -- CMD [ARG...]
+              [--input PATH]... [--ro PATH]... [--extra-writable DIR]
+              [--allow-domain NAME] [--disk SIZE] -- CMD [ARG...]
 
 ``--extra-writable DIR`` binds DIR writable at /extra without giving
 Landlock a rule for it: the mounts alone would allow writes there.
+``--allow-domain`` starts the egress proxy and the in-sandbox bridge, as
+``corral run --allow-domain`` does.  ``--disk SIZE`` launches with the run's
+limits as :func:`corral.api.run` does (started by root: the workspace's own
+file system image, copied out afterwards; else the watcher), and adds the
+record's ``limits`` to the output.
 """
 
 from __future__ import annotations
@@ -19,9 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from typing import Any
 
-from corral import api, host, launch, resolve
+from corral import api, egress, enforce, host, launch, resolve
 from corral.bwrap import Mount, Sandbox, mount
+from corral.policy import Network, Policy, parse_size
 from corral.profiles import load_profile
 
 
@@ -46,21 +54,56 @@ def main() -> None:
                    choices=["seccomp", "landlock", "payload-filter"])
     p.add_argument("--profile", default="shell")
     p.add_argument("--input", action="append", default=[])
+    p.add_argument("--ro", action="append", default=[])
     p.add_argument("--extra-writable")
+    p.add_argument("--allow-domain", action="append", default=[])
+    p.add_argument("--disk")
     p.add_argument("cmd", nargs="+")
     args = p.parse_args()
     policy = load_profile(args.profile)
+    if args.disk:
+        policy = replace(policy, limits=replace(policy.limits,
+                                                disk_bytes=parse_size(args.disk)))
+    network = Network(allow=tuple(args.allow_domain)) if args.allow_domain else policy.network
+    policy = replace(policy, read_only=(*policy.read_only, *args.ro), network=network)
     facts = host.detect()
     run_dir, (uid, gid) = api.prepare(policy, workspace_dir=None, inputs=args.input,
                                       runs_dir=None, facts=facts)
     sb = resolve.resolve_run(policy, args.cmd, facts, run_dir.workspace, uid, gid)
     sb = without(sb, args.off, args.extra_writable)
-    out = launch.launch(sb, capture=True, stdin=None, output_cap=1 << 20, timeout_s=120,
-                        bwrap_path=facts.require_bwrap())
-    print(json.dumps({"exit_code": out.exit_code, "status": out.status,
+    net = egress.open_session(policy.network, None)  # NoEgress without an allowed name
+    launch_args = {"capture": True, "stdin": None, "output_cap": 1 << 20, "timeout_s": 120,
+                   "bwrap_path": facts.require_bwrap(), "extra_fds": net.pass_fds}
+    limits: dict[str, object] = {}
+    with net:
+        if args.disk:
+            out, limits = _limited(net.attach(sb), policy, facts, run_dir, (uid, gid),
+                                   launch_args)
+        else:
+            out = launch.launch(net.attach(sb), **launch_args)
+    print(json.dumps({"exit_code": out.exit_code, "status": out.status, "error": out.error,
                       "stdout": (out.stdout or b"").decode(errors="replace"),
                       "stderr": (out.stderr or b"").decode(errors="replace"),
-                      "workspace": run_dir.workspace}))
+                      "workspace": run_dir.workspace, "limits": limits}))
+
+
+def _limited(sb: Sandbox, policy: Policy, facts: host.HostFacts, run_dir: Any,
+             owner: tuple[int, int], launch_args: dict[str, Any]
+             ) -> tuple[launch.Outcome, dict[str, object]]:
+    why = enforce.image_unavailable(policy, facts, fresh=True)
+    image = None
+    if why is None:
+        assert policy.limits.disk_bytes is not None
+        image, why = enforce.make_image(run_dir.root, policy.limits.disk_bytes, owner)
+    exported: dict[str, object] = {}
+    try:
+        limited = enforce.launch_limited(sb, policy, facts, enforce.check(policy, facts),
+                                         run_dir.run_id, run_dir.workspace, image, why or "",
+                                         **launch_args)
+    finally:
+        if image is not None:
+            exported = enforce.release_image(image, run_dir.workspace)
+    return limited.outcome, {**limited.record, **exported}
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ __all__ = ["Result", "plan", "plan_agent", "run", "run_agent"]
 class Result:
     """How a run ended and what it left behind.  Output and file names are untrusted."""
 
-    exit_code: int  # the command's own; 128+N for signal N; 124 timeout
-    status: str  # exited, signaled, timeout, oom, output-limit, disk-limit
+    exit_code: int  # the command's own; 128+N for signal N; 124 timeout; 125 error
+    status: str  # exited, signaled, timeout, oom, output-limit, disk-limit, error
     signal: int | None
     wall_s: float
     cpu_s: float | None
@@ -48,6 +48,7 @@ class Result:
     denials: tuple[dict[str, Any], ...] = field(default=())
     notes: tuple[str, ...] = ()  # what corral undid or noticed after the run
     unenforced_limits: tuple[str, ...] = ()  # requested, not enforceable here, allowed by name
+    error: str | None = None  # status "error": corral lost sight of the run (one line)
 
     @property
     def ok(self) -> bool:
@@ -67,7 +68,7 @@ class Result:
             "run_id": self.run_id, "changes": [c.to_json() for c in self.changes],
             "changes_truncated": self.changes_truncated, "denials": list(self.denials),
             "notes": list(self.notes),
-            "unenforced_limits": list(self.unenforced_limits),
+            "unenforced_limits": list(self.unenforced_limits), "error": self.error,
         }
 
 
@@ -301,7 +302,7 @@ def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan
         wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
         peak_memory_bytes=None if used is None else used.peak_memory_bytes,
         stdout=outcome.stdout, stderr=outcome.stderr, truncated=outcome.truncated,
-        denials=denials, unenforced_limits=cg_plan.unenforced, **where)
+        denials=denials, unenforced_limits=cg_plan.unenforced, error=outcome.error, **where)
 
 
 def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, run_id: str,

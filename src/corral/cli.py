@@ -291,6 +291,8 @@ def _size(n: int | None) -> str:
 
 def _ending(result: Any, policy: Any) -> str | None:
     lim = policy.limits
+    if result.status == "error":  # corral lost sight of the run after it started
+        return f"corral: error: {result.error}"
     if result.status not in ENDINGS:
         return None
     if result.status == "timeout":
@@ -333,8 +335,9 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
               f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
     if args.json:
         print(json.dumps(result.to_json()))
-    elif (ending := _ending(result, policy)) is not None:
-        print(ending, file=sys.stderr)
+    ending = _ending(result, policy)
+    if ending is not None and (not args.json or result.status == "error"):
+        print(ending, file=sys.stderr)  # an error is said on stderr in --json mode too
     return result.exit_code
 
 

@@ -51,13 +51,15 @@ def _seccomp(facts: HostFacts) -> tuple[bool, str]:
 
 
 def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | None = None,
-           image_why: str | None = "not probed", bounded_ptys: bool = False
-           ) -> dict[str, Any]:
+           strict_profiles: tuple[str, ...] = (), image_why: str | None = "not probed",
+           bounded_ptys: bool = False) -> dict[str, Any]:
     """Facts and protections as a JSON-ready report.
 
     ``access`` (from :func:`corral.cgroups.probe`) adds which resource limits
-    hold here; ``defaults`` are the shipped profiles' limits; ``image_why`` and
-    ``bounded_ptys`` what :func:`report` found about disk images and devpts.
+    hold here; ``defaults`` are the shipped profiles' limits; ``strict_profiles``
+    are those that forbid unix sockets (their payloads get a second filter);
+    ``image_why`` and ``bounded_ptys`` what :func:`report` found about disk images
+    and devpts.
     """
     userns_ok, userns_note = _userns(facts)
     has_seccomp, seccomp_note = _seccomp(facts)
@@ -102,6 +104,7 @@ def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | No
                     "v2_controllers": list(facts.cgroups.v2_controllers)},
         "landlock_abi": facts.landlock_abi,
         "libseccomp": facts.libseccomp,
+        "seccomp": seccomp.describe(strict_profiles),
         "python": {"path": facts.python, "prefix": facts.python_prefix},
         "protections": [{"name": n, "enforced": bool(ok), "how": how}
                         for n, ok, how in protections],
@@ -112,11 +115,20 @@ def report() -> dict[str, Any]:
     from .cgroups import probe
     from .diskimage import unavailable
     from .mountns import can_mount_devpts
-    from .profiles import load_profile
+    from .profiles import builtin_profiles, load_profile
 
     facts = detect()
-    return assess(facts, probe(facts), load_profile("python").limits,
+    strict = tuple(n for n in builtin_profiles() if not load_profile(n).unix_sockets)
+    return assess(facts, probe(facts), load_profile("python").limits, strict,
                   unavailable(facts.is_root), can_mount_devpts(not facts.is_root))
+
+
+def _filter_line(d: dict[str, Any]) -> str:
+    payload = d["payload_filter"]
+    fallbacks = ", ".join(f"{n} {name}" for name, n in d["fallbacks"].items())
+    return (f"{d['allowed']} calls allowed ({d['narrowed']} in some forms only), "
+            f"{fallbacks}, the rest EPERM; {', '.join(payload['profiles']) or 'none'}"
+            f" ({payload['when']}) add: {', '.join(payload['denies'])}")
 
 
 def render_text(data: dict[str, Any]) -> str:
@@ -132,6 +144,7 @@ def render_text(data: dict[str, Any]) -> str:
         f"{', '.join(data['cgroups']['v2_controllers']) or '-'}",
         f"Landlock ABI:     {data['landlock_abi'] or 'none'}",
         f"libseccomp:       {data['libseccomp'] or 'not found'}",
+        f"seccomp filter:   {_filter_line(data['seccomp'])}",
         f"python (init):    {data['python']['path']}",
         "",
         "protections:",

@@ -92,15 +92,18 @@ def _steps(request: RunRequest, policy: Policy, runs: str, inputs: list[str],
         timeout = request.limits.compile_timeout_s or policy.limits.timeout_s
         compile_policy = replace(policy, limits=replace(policy.limits, timeout_s=timeout))
         compiled = api.run(spec.compile, compile_policy, inputs=inputs, env=env, runs_dir=runs)
-        if not compiled.ok:
-            return RunResult(request.id, "compile-failed", compile=_shown(compiled, keep))
+        if not compiled.ok:  # a dead init is corral's error, not a failed compile
+            status = "error" if compiled.status == "error" else "compile-failed"
+            return RunResult(request.id, status, compile=_shown(compiled, keep),
+                             error=compiled.error)
     argv = spec.run if spec is not None else request.command or ()
     ran = api.run(argv, policy, inputs=() if compiled else inputs, env=env, runs_dir=runs,
                   stdin=request.stdin, workspace_dir=compiled.workspace if compiled else None)
     files = fetch(ran.workspace, request.fetch, request.limits.fetch_bytes or
                   DEFAULT_FETCH_BYTES)
     return RunResult(request.id, ran.status, run=_shown(ran, keep),
-                     compile=None if compiled is None else _shown(compiled, keep), files=files)
+                     compile=None if compiled is None else _shown(compiled, keep), files=files,
+                     error=ran.error)
 
 
 def _shown(result: api.Result, keep: bool) -> api.Result:

@@ -47,6 +47,7 @@ PIPE_CHUNK = 1 << 16
 ERROR_CAP = 1 << 16
 KILL_GRACE_S = 30.0  # after SIGKILL, how long to wait for bwrap to go before giving up
 LIMIT_STATUSES = ("timeout", "output-limit", "disk-limit")  # corral ended the run
+CORRAL_FAILED = 125  # the exit status of a run corral could not set up or see through
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class Outcome:
     status: str  # exited, signaled, timeout, output-limit, disk-limit, error (oom: see api)
     exit_code: int
     signal: int | None = None
+    error: str | None = None  # status "error": why corral cannot say how the command ended
     wall_s: float = 0.0
     stdout: bytes | None = None
     stderr: bytes | None = None
@@ -141,6 +143,14 @@ def _translate(stderr: str, host_hint: str) -> LaunchError | HostError:
     return LaunchError(f"bwrap failed to set up the sandbox: {text}", "", "")
 
 
+def _init_died(code: int) -> str:
+    how = f"signal {code - 128}" if code > 128 else f"signal {-code}" if code < 0 \
+        else f"exit status {code}"
+    return (f"corral's init died after the command started (bwrap reported {how}); how the "
+            "command ended is unknown, and the command itself may have caused it; treat the "
+            "run as failed, and run it again")
+
+
 class Launch:
     """Owns one run: spawn with :meth:`start`, then :meth:`supervise`; always :meth:`close`."""
 
@@ -165,7 +175,7 @@ class Launch:
         self.fds: list[int] = []  # our own ends, closed by close()
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid1_fd: int | None = None
-        self.outcome = Outcome(status="error", exit_code=125)
+        self.outcome = Outcome(status="error", exit_code=CORRAL_FAILED)
 
     # -- setup ---------------------------------------------------------------
 
@@ -472,10 +482,12 @@ class Launch:
             raise _translate(err.decode(errors="replace"), self.host_hint)
         end = next((e for e in reversed(o.events) if e.get("event") in ("exited", "signaled")),
                    None)
-        if end is None:  # the init itself was killed: fall back on bwrap's status
-            code = self.proc.returncode
-            o.status, o.exit_code = "signaled", code if code >= 0 else 128 - code
-            o.signal = o.exit_code - 128 if o.exit_code > 128 else None
+        if end is None:
+            # The init died before it could say how the command ended.  Whatever bwrap
+            # reports is the init's fate, not the command's, and the payload may have
+            # caused it: never hand it back as the command's own outcome.
+            o.status, o.exit_code, o.error = "error", CORRAL_FAILED, _init_died(
+                self.proc.returncode)
         elif end["event"] == "signaled":
             o.status, o.signal, o.exit_code = "signaled", int(end["signal"]), 128 + int(
                 end["signal"])

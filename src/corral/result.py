@@ -10,7 +10,8 @@ each has its own :class:`~corral.api.Result`.  ``status`` sums them up in one wo
 ``disk-limit``            the run added more than the disk limit to its workspace
 ``compile-failed``        the compile step did not succeed (see ``compile``); nothing ran
 ``invalid``               the request was refused before anything started (``error`` says why)
-``error``                 the sandbox could not be set up here (``error`` says why)
+``error``                 the sandbox could not be set up here, or corral's init died after
+                          the command started (``error`` says why)
 ========================  ==================================================================
 """
 

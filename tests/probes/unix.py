@@ -1,7 +1,8 @@
-"""Run inside a sandbox: which kinds of sockets work.  argv[1]: a unix socket path.
+"""Run inside a sandbox: which kinds of unix sockets work.
 
-Prints a JSON object: for each attempt, what it read back, or its errno;
-"filters" is [this process's seccomp filter count, its parent's].
+argv[1]: a host stream socket's path; argv[2]: a host datagram socket's path.
+Prints a JSON object: for each attempt, what it read back (or "sent"), or its
+errno; "filters" is [this process's seccomp filter count, its parent's].
 """
 
 import json
@@ -16,10 +17,19 @@ def connect_unix():
         return s.recv(64).decode()
 
 
-def pair():
-    a, b = socket.socketpair()
-    a.send(b"pair")
-    return b.recv(8).decode()
+def pair(kind=socket.SOCK_STREAM):
+    a, b = socket.socketpair(socket.AF_UNIX, kind)
+    with a, b:
+        a.send(b"pair")
+        return b.recv(8).decode()
+
+
+def datagram_pair(kind):
+    # One end of a datagram pair can address any visible unix datagram socket (issue 15).
+    a, b = socket.socketpair(socket.AF_UNIX, kind | socket.SOCK_CLOEXEC)
+    with a, b:
+        a.sendto(f"from a {kind} pair".encode(), sys.argv[2])
+        return "sent"
 
 
 def loopback():
@@ -39,8 +49,11 @@ def filters():
 
 
 out = {}
-for name, attempt in (("unix", connect_unix), ("socketpair", pair), ("loopback", loopback),
-                      ("filters", filters)):
+for name, attempt in (("unix", connect_unix), ("socketpair", pair),
+                      ("seqpacket", lambda: pair(socket.SOCK_SEQPACKET)),
+                      ("dgram", lambda: datagram_pair(socket.SOCK_DGRAM)),
+                      ("raw", lambda: datagram_pair(socket.SOCK_RAW)),
+                      ("loopback", loopback), ("filters", filters)):
     try:
         out[name] = attempt()
     except OSError as e:

@@ -257,6 +257,27 @@ def op_unix(b: Battery, a: Result, _: Report) -> Result:
     return done("connected")
 
 
+def op_unix_dgram(b: Battery, a: Result, _: Report) -> Result:
+    """From one end of a unix datagram socket pair, sendto() a host datagram socket: the
+    pair needs no socket(AF_UNIX), and its end may address any visible path.  SOCK_RAW
+    too, which AF_UNIX turns into SOCK_DGRAM."""
+    tried = []
+    for kind in (socket.SOCK_DGRAM, socket.SOCK_RAW):
+        try:
+            ends = socket.socketpair(socket.AF_UNIX, kind)
+        except OSError as e:
+            tried.append(f"socketpair type {int(kind)}: {why(e)}")
+            continue
+        with ends[0], ends[1]:
+            try:
+                ends[0].sendto(b"corral-probe\n", a["path"])
+            except OSError as e:
+                tried.append(f"sendto from a type {int(kind)} pair: {why(e)}")
+                continue
+        return done(f"sent a datagram from a socket pair of type {int(kind)}")
+    return refused("; ".join(tried))
+
+
 def op_interfaces(b: Battery, a: Result, _: Report) -> Result:
     # /proc/self/net follows this process's network namespace; /sys/class/net follows
     # whoever mounted /sys, which is the host in most sandboxes.
@@ -635,7 +656,8 @@ OPS: dict[str, Callable[[Battery, Result, Report], Result]] = {
     "append": op_append, "create": op_create, "chmod": op_chmod, "delete": op_delete,
     "rename": op_rename, "read": op_read, "list": op_list, "environ": op_environ,
     "proc": op_proc, "keyring": op_keyring, "fds": op_fds, "tcp": op_tcp, "udp": op_udp,
-    "unix": op_unix, "interfaces": op_interfaces, "routes": op_routes, "socket": op_socket,
+    "unix": op_unix, "unix-dgram": op_unix_dgram, "interfaces": op_interfaces,
+    "routes": op_routes, "socket": op_socket,
     "proxy": op_proxy, "status": op_status, "userns": op_userns, "mount": op_mount,
     "ptrace-pid1": op_ptrace_pid1, "tiocsti": op_tiocsti, "syscall": op_syscall,
     "fork": op_fork, "memory": op_memory, "fill": op_fill, "nofile": op_nofile,

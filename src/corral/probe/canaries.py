@@ -16,6 +16,8 @@ the fake home from itself)::
       dev/home-link         a symlink to home
     outside/*.txt           files outside the project
     run/daemon.sock         a daemon-like unix socket outside home
+    log/dgram.sock          a datagram unix socket, like /dev/log (``corral run`` gets
+                            log/ as --ro where the profile forbids unix sockets)
     inherited               a secret the launcher holds open as a descriptor
     runs/                   corral's run records
 
@@ -113,6 +115,7 @@ class Plant:
                 "sibling": f"{h}/dev/other", "holder": f"{h}/dev/holder",
                 "link": f"{h}/dev/home-link", "outside": f"{self.root}/outside",
                 "agent_sock": f"{h}/.ssh/agent.sock", "daemon_sock": f"{self.root}/run/daemon.sock",
+                "dgram_sock": f"{self.root}/log/dgram.sock",
                 "runs": f"{self.root}/runs", "inherited": f"{self.root}/inherited",
                 "host_pidns": str(self.host_pidns), "root_home": ROOT_HOME,
                 **{f"port_{name.replace('-', '_')}": str(self.ports.get(name, ""))
@@ -269,6 +272,7 @@ class Site:
             _write(os.path.join(ROOT_HOME, p.tag), p.tokens["root-home"] + "\n", 0o600)
         os.makedirs(places["runs"])
         os.makedirs(os.path.dirname(places["daemon_sock"]))
+        os.makedirs(os.path.dirname(places["dgram_sock"]))
         battery = resources.files("corral.probe").joinpath("battery.py").read_bytes()
         with open(p.battery, "wb") as f:
             f.write(battery)
@@ -279,6 +283,7 @@ class Site:
         return self.listeners.start({
             "tcp": ("127.0.0.1", 0), "tcp6": ("::1", 0), "udp": ("127.0.0.1", 0),
             "unix-agent": places["agent_sock"], "unix-daemon": places["daemon_sock"],
+            "unix-dgram": places["dgram_sock"],
             "abstract": "\0" + p.tag + "-abstract", "via-literal": ("127.0.0.1", 0),
             "via-name": ("127.0.0.1", 0), "via-numeric": ("127.0.0.1", 0)})
 

@@ -245,6 +245,11 @@ NETWORK = (
     reach("network-unix-daemon", "connect to a daemon's unix socket outside home (like "
           "/run/docker.sock)", "unix-daemon", "the docker socket is root on the host",
           "unix", path="{daemon_sock}"),
+    reach("network-unix-datagram", "send a datagram from a unix socket pair to a host datagram "
+          "socket (like /dev/log; corral run gets its folder as --ro where the profile forbids "
+          "unix sockets)", "unix-dgram", "syslog, journald and systemd's notify socket take "
+          "datagrams from anyone who can see them, and a socket pair's end can address them",
+          "unix-dgram", path="{dgram_sock}"),
     reach("network-unix-abstract", "connect to an abstract unix socket bound on the host",
           "abstract", "abstract sockets have no file to hide; only a network namespace (or "
           "Landlock scoping) keeps them apart", "unix", abstract="{tag}-abstract"),

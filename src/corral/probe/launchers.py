@@ -97,6 +97,9 @@ class Corral:
     profile: str = "generic"
     refuses_unsafe: bool = True  # launched from home or /, it must refuse (exit 125)
     allow: tuple[str, ...] = ()  # relaxations the user named (--allow), passed on
+    # False: the profile forbids unix sockets, so the probe's datagram socket is made
+    # visible (--ro) and the system-call filter, not the mount view, must stop it.
+    unix_sockets: bool = True
 
     @property
     def name(self) -> str:
@@ -122,6 +125,8 @@ class Corral:
         battery = plant.battery if spec.kind == "launch" else BATTERY
         if self.mode == "run" and spec.kind != "launch":
             words += ["--input", plant.battery]
+        if self.mode == "run" and spec.kind == "main" and not self.unix_sockets:
+            words += ["--ro", os.path.dirname(p["dgram_sock"])]
         return [*words, "--", "python3", battery, spec.name, config]
 
 
@@ -150,9 +155,10 @@ def launcher_for(text: str | None, profile: str | None, allow: Sequence[str] = (
         from ..policy import Allow
         from ..profiles import load_profile
 
-        load_profile(profile or "generic")  # a bad name fails here, before anything is planted
+        policy = load_profile(profile or "generic")  # a bad name fails before anything is planted
         Allow().adding(allow)  # an unknown name fails here, before anything is planted
-        return Corral(profile or "generic", allow=tuple(allow))
+        return Corral(profile or "generic", allow=tuple(allow),
+                      unix_sockets=policy.unix_sockets)
     if profile is not None or allow:
         raise UsageError("--profile and --allow apply to corral itself, not to --launcher",
                          "the launcher decides its own sandbox", "drop one of them")

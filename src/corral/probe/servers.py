@@ -2,7 +2,8 @@
 
 TCP and UDP on 127.0.0.1 (and ``::1`` where the host has it), pathname unix
 sockets (an ssh-agent-like one in the fake home, a daemon-like one beside
-it) and an abstract unix socket, all served by one thread.  A sandbox with a
+it, and a datagram one like ``/dev/log``) and an abstract unix socket, all
+served by one thread.  A sandbox with a
 network namespace of its own reaches none of the loopback or abstract ones;
 a sandbox that hides the paths reaches no pathname socket.
 """
@@ -19,29 +20,30 @@ from dataclasses import dataclass, field
 
 __all__ = ["SERVERS", "Listeners"]
 
-SERVERS = ("tcp", "tcp6", "udp", "unix-agent", "unix-daemon", "abstract", "via-literal",
-           "via-name", "via-numeric")
+SERVERS = ("tcp", "tcp6", "udp", "unix-agent", "unix-daemon", "unix-dgram", "abstract",
+           "via-literal", "via-name", "via-numeric")
+DATAGRAM = ("udp", "unix-dgram")
 Address = tuple[str, int] | str
 
 
 def bind(name: str, address: Address) -> socket.socket | None:
     """A listening (or, for UDP, bound) socket; None when the host lacks the address."""
+    kind = socket.SOCK_DGRAM if name in DATAGRAM else socket.SOCK_STREAM
     if isinstance(address, str):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX, kind)
         sock.bind(address)
         if not address.startswith("\0"):
             os.chmod(address, 0o666)  # the fake home's owner may differ from the probe's user
     else:
         family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
-        kind = socket.SOCK_DGRAM if name == "udp" else socket.SOCK_STREAM
         sock = socket.socket(family, kind)
         try:
             sock.bind(address)
         except OSError:
             sock.close()
             return None  # no IPv6 loopback on this host
-        if kind == socket.SOCK_DGRAM:
-            return sock
+    if kind == socket.SOCK_DGRAM:
+        return sock
     sock.listen(64)
     return sock
 
