@@ -14,7 +14,6 @@ steps, alone.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -23,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from launch import SEED, machine, measure, scratch, table, timed  # this script's own folder
+from launch import SEED, machine, measure, options, scratch, table, timed  # this folder
 
 from corral import api, enforce, host
 from corral.diskimage import Image
@@ -99,11 +98,7 @@ def steps(base: Path, rounds: int) -> list[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=30)
-    parser.add_argument("--write", action="store_true",
-                        help="replace this script's section of bench/RESULTS.md")
-    args = parser.parse_args()
+    args = options(__doc__)
     if not host.detect().is_root:
         print("bench/disk.py: skipped: the workspace image is made only when corral runs as "
               "root")
