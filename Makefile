@@ -16,7 +16,7 @@ system:
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "corral needs Python 3.11 or newer: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,mcp]'
 	@# Bytecode now: with PYTHONDONTWRITEBYTECODE set, every start would recompile corral.
 	$(BIN)/python -m compileall -q src/corral
 	@touch $@

@@ -87,12 +87,13 @@ def _workspace_owner(path: str, facts: host.HostFacts, policy: Policy) -> tuple[
 
 
 def prepare(policy: Policy, *, workspace_dir: str | None, inputs: Sequence[str],
-            runs_dir: str | None, facts: host.HostFacts) -> tuple[RunDir, tuple[int, int]]:
+            runs_dir: str | None, facts: host.HostFacts, own_workspace: bool = False
+            ) -> tuple[RunDir, tuple[int, int]]:
     """Validate everything, then create the run directory (and copy ``inputs`` in): nothing
     exists if this raises."""
     checked = workspace.check_inputs(inputs)
     if workspace_dir is not None:
-        ws = guard.check_workspace(workspace_dir)
+        ws = guard.check_workspace(workspace_dir, own_workspace)
         ident = _workspace_owner(ws, facts, policy)
     else:
         ws = None
@@ -139,17 +140,21 @@ def run(cmd: RunRequest, policy: None = None, *, runs_dir: str | None = None) ->
 @overload
 def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str | None = None,
         inputs: Sequence[str] = (), capture: bool = True, stdin: bytes | None = None,
-        env: Sequence[tuple[str, str]] = (), runs_dir: str | None = None) -> Result: ...
+        env: Sequence[tuple[str, str]] = (), runs_dir: str | None = None,
+        own_workspace: bool = False) -> Result: ...
 
 
 def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
         workspace_dir: str | None = None, inputs: Sequence[str] = (), capture: bool = True,
         stdin: bytes | None = None, env: Sequence[tuple[str, str]] = (),
-        runs_dir: str | None = None) -> Result | RunResult:
+        runs_dir: str | None = None, own_workspace: bool = False) -> Result | RunResult:
     """Run ``cmd`` in a sandbox and wait for it.
 
     ``capture`` collects stdout and stderr (capped by ``policy.limits.output_bytes``);
-    otherwise they pass through to this process's own.  Raises
+    otherwise they pass through to this process's own.  ``own_workspace`` says that
+    ``workspace_dir`` is one corral made for earlier runs (a compile step's, an MCP
+    session's), so folders named like credentials in it are its payloads' (see
+    :func:`corral.guard.check_workspace`).  Raises
     :class:`~corral.errors.CorralError` when the sandbox cannot be set up: then
     the command did not start.
 
@@ -171,7 +176,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     later = workspace.check_inputs(inputs) if disk_why is None else []  # into the image
     run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir,
                                   inputs=inputs if disk_why is not None else (),
-                                  runs_dir=runs_dir, facts=facts)
+                                  runs_dir=runs_dir, facts=facts, own_workspace=own_workspace)
     image = None
     if disk_why is None:
         image, disk_why = _stage(run_dir, policy, later, (uid, gid))

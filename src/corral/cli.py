@@ -23,6 +23,7 @@ SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
        corral agent [options] -- AGENT [ARG...]
        corral shell [options] (-c CMD | -- ARGV...)
+       corral mcp [options] [--transport stdio|http] [--host H --port N]
        corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
        corral doctor [--json]
        corral delegate --user NAME [--undo]"""
@@ -137,6 +138,14 @@ def _shell_parser(s: argparse.ArgumentParser) -> None:
     s.add_argument("-c", dest="command", metavar="CMD", help="the command, run by the shell")
 
 
+def _mcp_parser(m: argparse.ArgumentParser) -> None:
+    _common(m, "python (default), node, shell, or a TOML file")
+    m.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
+    from .mcp.command import add_arguments
+
+    add_arguments(m)
+
+
 def _relaxations() -> tuple[str, ...]:
     from .policy import Allow
 
@@ -179,6 +188,7 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "run": ("run one command in a fresh sandbox", _run_parser),
     "agent": ("run a coding agent in this project directory", _agent_parser),
     "shell": ("run one shell command under agent-mode rules", _shell_parser),
+    "mcp": ("serve the sandbox as MCP tools, a workspace per session", _mcp_parser),
     "probe": ("prove the sandbox on this machine: escape attempts", _probe_parser),
     "doctor": ("what this host supports and which protections hold", _doctor_parser),
     "delegate": ("as root: let USER's runs have cgroup limits (v1 hosts)", _delegate_parser),
@@ -389,6 +399,12 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
     return result.exit_code
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from .mcp.command import serve
+
+    return serve(args, _policy, _env)
+
+
 def cmd_probe(args: argparse.Namespace) -> int:
     from .probe import launcher_for, probe, render_text
 
@@ -449,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):
             code = cmd_agent(args, cmd)
+        elif args.verb == "mcp" and not cmd:
+            code = cmd_mcp(args)
         elif args.verb == "probe" and not cmd:
             code = cmd_probe(args)
         else:

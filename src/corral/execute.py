@@ -14,7 +14,10 @@ The steps, each on every path:
    :mod:`corral.fsops`, unless the caller keeps them.
 
 Engines call :func:`run_request`; it never raises for a bad request or a sandbox that
-cannot start: those are results with status ``invalid`` or ``error``.
+cannot start: those are results with status ``invalid`` or ``error``.  :func:`run_in` runs a
+request the same way in a workspace that outlives it (an MCP session's, see
+:mod:`corral.mcp`), under its caller's fixed policy: steps 3 and 4 as above, but the files
+are written into that workspace through :mod:`corral.fsops` and nothing is removed.
 """
 
 from __future__ import annotations
@@ -24,18 +27,18 @@ import errno
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 from . import api, fsops, workspace
 from .errors import CorralError, UsageError
-from .policy import Policy
+from .policy import Network, Policy
 from .profiles import load_profile, profile_for_command
-from .request import Fetched, RunRequest
+from .request import Fetched, RequestLimits, RunRequest
 from .result import RunResult
 
-__all__ = ["DEFAULT_FETCH_BYTES", "policy_for", "run_request"]
+__all__ = ["DEFAULT_FETCH_BYTES", "capped", "policy_for", "run_in", "run_request"]
 
 DEFAULT_FETCH_BYTES = 16 << 20  # fetched files of one request, in all, unless it asks
 
@@ -71,9 +74,62 @@ def run_request(request: RunRequest, *, runs_dir: str | None = None,
     except UsageError as e:
         return RunResult.refused(request.id, "invalid", str(e))
     base = runs_dir or workspace.default_runs_dir()
-    try:
+
+    def fresh() -> RunResult:
         with _request_dir(base, keep) as own_runs, _staged(request) as inputs:
             return _steps(request, policy, own_runs, inputs, keep)
+
+    return _refusing(request, fresh)
+
+
+# A request's limits that a front end's maximums cap (RequestLimits and Limits share names).
+CAPPED = ("timeout_s", "cpu_s", "memory_bytes", "pids", "cpus", "disk_bytes", "output_bytes")
+
+
+def capped(policy: Policy, limits: RequestLimits) -> Policy:
+    """``policy`` with each limit that ``limits`` names lowered to it, never raised: the
+    policy's limits are the maximums, and a request can only tighten them."""
+    lowered: dict[str, Any] = {}
+    for name in CAPPED:
+        asked, most = getattr(limits, name), getattr(policy.limits, name)
+        if asked is not None:
+            lowered[name] = asked if most is None else min(asked, most)
+    return replace(policy, limits=replace(policy.limits, **lowered))
+
+
+def run_in(request: RunRequest, policy: Policy, workspace_dir: str, *,
+           owner: tuple[int, int] | None, runs_dir: str) -> RunResult:
+    """Run ``request`` in the existing workspace ``workspace_dir`` (an MCP session's).
+
+    The policy is the caller's, fixed: the request's limits can only lower it
+    (:func:`capped`, the compile timeout too), and a request that names a profile or
+    network rules is refused.  Its files and code are written into the workspace through
+    :mod:`corral.fsops` as ``owner`` (root: the payload's uid), replacing files of the same
+    names; nothing is removed afterwards, and the run records go to ``runs_dir``.
+    """
+    if request.profile is not None or request.network != Network():
+        return RunResult.refused(request.id, "invalid", str(UsageError(
+            "this request may not name a profile or network rules",
+            "it runs under its front end's policy, fixed when the front end started",
+            "leave them out; the server's operator sets them")))
+    policy = capped(policy, request.limits)
+    most = policy.limits.timeout_s
+    asked = request.limits.compile_timeout_s
+    if asked is not None and most is not None and asked > most:
+        request = replace(request, limits=replace(request.limits, compile_timeout_s=most))
+
+    def there() -> RunResult:
+        with fsops.Tree(workspace_dir, owner) as tree:
+            _place(tree, _contents(request))
+        return _steps(request, policy, runs_dir, [], True, workspace_dir)
+
+    return _refusing(request, there)
+
+
+def _refusing(request: RunRequest, steps: Callable[[], RunResult]) -> RunResult:
+    """``steps()``, with every way corral can refuse turned into a result, never raised."""
+    try:
+        return steps()
     except UsageError as e:
         return RunResult.refused(request.id, "invalid", str(e))
     except CorralError as e:
@@ -83,22 +139,47 @@ def run_request(request: RunRequest, *, runs_dir: str | None = None,
                                  f"corral could not run the request; {e.strerror or e}")
 
 
+def _place(tree: fsops.Tree, files: list[tuple[str, bytes]]) -> None:
+    """Write ``files`` into a workspace a payload has used: never through a link."""
+    for rel, content in files:
+        try:
+            if "/" in rel:
+                tree.makedirs(rel.rsplit("/", 1)[0])
+            tree.write(rel, content, 0o644)
+        except OSError as e:
+            raise UsageError(f"cannot write {rel!r} into the workspace", fsops.reason(e),
+                             "remove or rename what is in the way first") from None
+
+
+def _contents(request: RunRequest) -> list[tuple[str, bytes]]:
+    """The files a request places: its ``files``, and its code under the language's name."""
+    files = list(request.files)
+    spec = request.language_spec
+    if spec is not None and request.code is not None:
+        files.append((spec.source, request.code.encode("utf-8", errors="surrogatepass")))
+    return files
+
+
 def _steps(request: RunRequest, policy: Policy, runs: str, inputs: list[str],
-           keep: bool) -> RunResult:
+           keep: bool, workspace_dir: str | None = None) -> RunResult:
+    # Every workspace reused here is corral's own (the compile step's, or run_in's session
+    # workspace), never one the user named: own_workspace.
     spec = request.language_spec
     env = request.env
     compiled = None
     if spec is not None and spec.compile is not None:
         timeout = request.limits.compile_timeout_s or policy.limits.timeout_s
         compile_policy = replace(policy, limits=replace(policy.limits, timeout_s=timeout))
-        compiled = api.run(spec.compile, compile_policy, inputs=inputs, env=env, runs_dir=runs)
+        compiled = api.run(spec.compile, compile_policy, inputs=inputs, env=env, runs_dir=runs,
+                           workspace_dir=workspace_dir, own_workspace=True)
         if not compiled.ok:  # a dead init is corral's error, not a failed compile
             status = "error" if compiled.status == "error" else "compile-failed"
             return RunResult(request.id, status, compile=_shown(compiled, keep),
                              error=compiled.error)
     argv = spec.run if spec is not None else request.command or ()
     ran = api.run(argv, policy, inputs=() if compiled else inputs, env=env, runs_dir=runs,
-                  stdin=request.stdin, workspace_dir=compiled.workspace if compiled else None)
+                  stdin=request.stdin, own_workspace=True,
+                  workspace_dir=compiled.workspace if compiled else workspace_dir)
     files = fetch(ran.workspace, request.fetch, request.limits.fetch_bytes or
                   DEFAULT_FETCH_BYTES)
     return RunResult(request.id, ran.status, run=_shown(ran, keep),
@@ -133,10 +214,7 @@ def _request_dir(base: str, keep: bool) -> Iterator[str]:
 def _staged(request: RunRequest) -> Iterator[list[str]]:
     """The request's files (and code) in a private directory of the launcher's: the
     top-level entries, to pass as inputs.  Nothing a payload can reach, so plain paths."""
-    files = list(request.files)
-    spec = request.language_spec
-    if spec is not None and request.code is not None:
-        files.append((spec.source, request.code.encode("utf-8", errors="surrogatepass")))
+    files = _contents(request)
     if not files:
         yield []
         return

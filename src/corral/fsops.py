@@ -36,7 +36,7 @@ import threading
 from collections.abc import Iterator
 from types import TracebackType
 
-__all__ = ["Tree", "acting_as", "open_beneath", "remove_tree", "split"]
+__all__ = ["Tree", "acting_as", "open_beneath", "reason", "remove_tree", "split"]
 
 # openat2(2): include/uapi/linux/openat2.h; the number is the same on every architecture.
 SYS_OPENAT2 = 437
@@ -51,6 +51,25 @@ SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
 PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 EAGAIN_RETRIES = 16  # openat2 says EAGAIN when a rename raced the lookup; try again
+
+
+# What a refused operation beneath a tree means, in words a user can act on.
+REASONS = {
+    errno.ELOOP: "a symbolic link is on the way, and links are never followed",
+    errno.EXDEV: "the path leaves the tree",
+    errno.ENOTDIR: "a part of the path is not a directory",
+    errno.ENOENT: "no such file or directory",
+    errno.EISDIR: "it is a directory",
+    errno.EEXIST: "something that is not a directory is in the way",
+    errno.EFBIG: "it is larger than the limit",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+
+
+def reason(e: OSError) -> str:
+    """Why a :class:`Tree` operation failed, in one short phrase."""
+    return REASONS.get(e.errno or 0, e.strerror or str(e))
 
 
 class OpenHow(ctypes.Structure):
@@ -296,8 +315,9 @@ class Tree:
     def mkdir(self, rel: str, mode: int = 0o755) -> os.stat_result:
         """Create directory ``rel`` as the owner, through its parent's descriptor.
 
-        An existing directory is accepted (another launch may have just made it); anything
-        else in its place is ``EEXIST``.  Returns the directory's own stat.
+        An existing directory is accepted (another launch may have just made it); a symbolic
+        link in its place is ``ELOOP`` (never followed), anything else ``EEXIST``.  Returns
+        the directory's own stat.
         """
         *parents, name = split(rel)
         parent = self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY)
@@ -307,7 +327,9 @@ class Tree:
                     os.mkdir(name, mode, dir_fd=parent)
                 fd = open_beneath(parent, name, os.O_PATH | os.O_DIRECTORY)
         except NotADirectoryError:
-            raise OSError(errno.EEXIST, "exists and is not a directory", self.path(rel)) from None
+            there = os.stat(name, dir_fd=parent, follow_symlinks=False).st_mode
+            raise OSError(errno.ELOOP if stat.S_ISLNK(there) else errno.EEXIST,
+                          "exists and is not a directory", self.path(rel)) from None
         finally:
             os.close(parent)
         try:
@@ -322,6 +344,35 @@ class Tree:
         for i in range(len(parts)):
             st = self.mkdir("/".join(parts[:i + 1]), mode)
         return st
+
+    def write(self, rel: str, data: bytes, mode: int = 0o600) -> None:
+        """Replace the file ``rel`` with ``data``, as the owner, atomically.
+
+        Written to a fresh name beside it (``O_EXCL``: never an existing file or a link's
+        target), then renamed over ``rel`` through the parent's descriptor: whatever was
+        at ``rel`` (a link included) is replaced, never followed.
+        """
+        *parents, name = split(rel)
+        parent = self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY)
+        temp = f".corral-{os.urandom(6).hex()}"
+        try:
+            with acting_as(self.owner):
+                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, mode, dir_fd=parent)
+                try:
+                    view = memoryview(data)
+                    while view:
+                        view = view[os.write(fd, view):]
+                    os.fchmod(fd, mode)
+                finally:
+                    os.close(fd)
+                try:
+                    os.rename(temp, name, src_dir_fd=parent, dst_dir_fd=parent)
+                except OSError:
+                    os.unlink(temp, dir_fd=parent)
+                    raise
+        finally:
+            os.close(parent)
 
     def unlink(self, rel: str) -> None:
         """Remove the non-directory ``rel`` (a link itself, never its target)."""

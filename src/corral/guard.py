@@ -39,11 +39,13 @@ def _under(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
-def check_writable_root(path: str, what: str, home: str | None = None) -> str:
+def check_writable_root(path: str, what: str, home: str | None = None, *,
+                        corrals_own: bool = False) -> str:
     """Resolve ``path`` and refuse it if making it writable would expose too much.
 
     Refused: ``/``, the home directory and its ancestors, system directories,
-    and any directory that holds credential directories such as ``.ssh``.
+    and any directory that holds credential directories such as ``.ssh`` (unless
+    ``corrals_own``: a workspace corral made, where only its payloads put anything).
     Returns the resolved path.
     """
     check_path(os.path.abspath(path), what)
@@ -67,7 +69,7 @@ def check_writable_root(path: str, what: str, home: str | None = None) -> str:
                          "the sandbox must never write there",
                          "run from a project directory such as ~/src/myproject")
     found = [c for c in CREDENTIAL_DIRS if os.path.lexists(os.path.join(real, c))]
-    if found:
+    if found and not corrals_own:
         raise UsageError(
             f"refusing to make {shown} writable: it holds credentials ({', '.join(found)})",
             "a directory with credential folders looks like a home directory",
@@ -113,8 +115,13 @@ def _contains_home(real: str, home: str) -> bool:
             return False
 
 
-def check_workspace(path: str) -> str:
-    return check_writable_root(path, "workspace")
+def check_workspace(path: str, corrals_own: bool = False) -> str:
+    """A reused workspace, checked as a writable root.
+
+    ``corrals_own`` says corral made it (a compile step's, an MCP session's): folders named
+    like credentials there were written by its payloads, not found in a home directory, and
+    refusing them would only lock the session out of its own files."""
+    return check_writable_root(path, "workspace", corrals_own=corrals_own)
 
 
 def userns_hint(host: HostFacts) -> str:

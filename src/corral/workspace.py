@@ -226,6 +226,9 @@ def _type(mode: int) -> str:
     return "other"
 
 
+kind = _type  # the public name: the MCP file tools list entries with the same words
+
+
 class Walk:
     """Every entry beneath ``root``, as (relative path, lstat, parent dir fd), never
     following a symlink.  The parent descriptor is valid only until the next item.
