@@ -241,7 +241,11 @@ def test_workspace_filler_stops_at_the_disk_limit(who: Identity) -> None:
     filler = str(_file(who, "filler.py", FILLER))
     # Up to 1 GiB: room enough that a launcher starved by busy neighbours still stops it.
     r = who.corral_json("--disk", "20M", "--input", filler, "--", "python3", "filler.py", "1024")
-    assert r["status"] == "disk-limit" and r["exit_code"] == 137 and r["stdout"] == "", r
+    # Started by root, the workspace's own file system may fill before the watcher's next
+    # look: then the filler dies of ENOSPC, and the status still says why.
+    full = who.is_root and "No space left on device" in r["stderr"]
+    assert r["status"] == "disk-limit" and r["stdout"] == "", r
+    assert r["exit_code"] == 137 or (full and r["exit_code"] != 0), r
     files = sorted((Path(r["workspace"]) / "fill").iterdir())
     assert 20 <= len(files) < 1024, len(files)
     for f in files[:-1]:  # what was written stays, intact; the last may be cut mid-write
