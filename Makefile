@@ -16,7 +16,8 @@ system:
 $(VENV)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "corral needs Python 3.11 or newer: make PYTHON=python3.11 ...")'
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,mcp]'
+	@# The optional extras too: the tests run mcp, batch with its progress display, serve and Ray.
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,mcp,progress,serve,ray]'
 	@# Bytecode now: with PYTHONDONTWRITEBYTECODE set, every start would recompile corral.
 	$(BIN)/python -m compileall -q src/corral
 	@touch $@
@@ -38,6 +39,7 @@ bench: setup
 	$(BIN)/python bench/seccomp.py
 	$(BIN)/python bench/probe.py
 	$(BIN)/python bench/disk.py --write
+	$(BIN)/python bench/scale.py --write
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

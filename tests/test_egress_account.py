@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import json
 import struct
+from pathlib import Path
 
 import pytest
 
-from corral.egress import account, local
+from corral.egress import account, local, log
 from corral.egress.account import FULL_BUFFER, MIN_BUFFER, Account, buffer_cost
+from corral.egress.rules import Code, Decision
 
 
 def test_cpu_share_is_a_token_bucket() -> None:
@@ -36,6 +39,36 @@ def test_tunnels_get_full_buffers_while_the_budget_lasts() -> None:
     a.release_buffer(MIN_BUFFER)  # costs nothing, returns nothing
     assert a.grant_buffer() == FULL_BUFFER and a.grant_buffer() == MIN_BUFFER
     assert Account(byte_budget=None).grant_buffer() is None  # no budget: kernel defaults
+
+
+def test_request_bytes_held_are_a_budget() -> None:
+    a = Account(hold_budget=100)
+    assert a.hold(60) and a.hold(40)
+    assert not a.hold(1) and a.hold_left == 0  # refused: nothing taken
+    a.unhold(40)
+    assert not a.hold(41) and a.hold(40)
+    assert account.HOLD_BUDGET == 4 << 20
+
+
+def test_the_decision_log_stops_at_its_byte_cap(tmp_path: Path) -> None:
+    long = Decision(False, Code.BAD_TARGET, "host " + "\\U0001f600" * 80 + " is not valid")
+    path = tmp_path / "egress.jsonl"
+    decisions = log.DecisionLog(str(path))
+    for _ in range(log.MAX_BYTES // 900):  # about 1,000 bytes a line: past the cap
+        decisions.record("socks5", long)
+    decisions.close()
+    lines = path.read_bytes().splitlines()
+    assert path.stat().st_size <= log.MAX_BYTES
+    assert json.loads(lines[-1])["truncated"] is True
+    assert all("truncated" not in json.loads(x) for x in lines[:-1])
+    assert decisions.denied == log.MAX_BYTES // 900  # still counted, and kept for the result
+    # Control: what fits is written whole, with no truncated line.
+    short = tmp_path / "short.jsonl"
+    few = log.DecisionLog(str(short))
+    for _ in range(100):
+        few.record("socks5", long)
+    few.close()
+    assert len(short.read_bytes().splitlines()) == 100
 
 
 def test_route_request_bytes() -> None:

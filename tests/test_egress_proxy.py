@@ -370,3 +370,69 @@ def test_a_failure_inside_the_proxy_is_a_logged_400_and_prints_nothing(
     assert [x["code"] for x in log_lines(tmp_path)] == ["allowed", "bad-request"]
     assert origin.connections == 1
     assert capfd.readouterr().err == ""
+
+
+def test_request_bytes_held_go_back_to_the_budget(tmp_path: Path) -> None:
+    """What each connection held while its request was read and its upstream connected
+    returns to the run once the tunnel sent it on, or the connection ended: refused,
+    relayed, dropped half-way or timed out.  Otherwise later requests would get 503."""
+    from corral.egress.account import HOLD_BUDGET
+
+    with Origin() as origin, proxy(tmp_path, ("origin.test",),
+                                   pins=(("origin.test", "127.0.0.1"),)) as (session, port):
+        target = f"origin.test:{origin.port}".encode()
+        plain = exchange(port, b"GET http://" + target + b"/ HTTP/1.1\r\n\r\n")
+        tunnel = exchange(port, b"CONNECT " + target + b" HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n"
+                          b"Host: x\r\nConnection: close\r\n\r\n")
+        refused = exchange(port, b"GET http://other.test/ HTTP/1.1\r\n\r\n")
+        half = exchange(port, b"GET http://" + target + b"/ HTTP/1.1\r\nX: " + b"a" * 5000)
+        assert [status(x) for x in (plain, tunnel, refused, half)] == [200, 200, 403, 400]
+        account = session.account
+        deadline = time.monotonic() + 30
+        while account.hold_left != HOLD_BUDGET and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert account.hold_left == HOLD_BUDGET
+        # Control: a connection that is still sending its head holds what it sent.
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"GET http://" + target + b"/ HTTP/1.1\r\nX: " + b"a" * 5000)
+            while account.hold_left == HOLD_BUDGET and time.monotonic() < deadline + 30:
+                time.sleep(0.05)
+            assert HOLD_BUDGET - account.hold_left >= 5000
+
+
+def test_a_tunnel_gives_back_what_it_started_with_once_that_is_sent() -> None:
+    """A stalled upstream keeps the request's bytes in the proxy's memory: they stay held
+    against the run's budget until they are out.  (Giving them back when the tunnel starts,
+    as the reverse pump's empty start once did, would let stalled tunnels hold them free.)"""
+    import asyncio
+
+    from corral.egress.relay import Tunnel
+
+    loop = asyncio.new_event_loop()
+    client, client_peer = socket.socketpair()
+    upstream, origin = socket.socketpair()
+    for sock in (client, upstream):
+        sock.setblocking(False)
+    upstream.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    released: list[int] = []
+    closed: list[Tunnel] = []
+    first = b"x" * (1 << 20)  # far more than the sockets between us and the origin hold
+    tunnel = Tunnel(loop, bytearray(1 << 16), client, upstream, closed.append,
+                    on_sent=lambda: released.append(1))
+    try:
+        tunnel.start(first, b"")
+        loop.run_until_complete(asyncio.sleep(0.3))
+        assert released == [] and tunnel.outbound.pending  # stalled: still held
+        got = 0
+        origin.settimeout(30)
+        while got < len(first):  # the origin reads: the bytes go out
+            got += len(origin.recv(1 << 16))
+            loop.run_until_complete(asyncio.sleep(0))
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert released == [1] and got == len(first)
+    finally:
+        tunnel.close()
+        loop.close()
+        for sock in (client_peer, origin):
+            sock.close()
+    assert released == [1]  # given back once, not again when the tunnel closes

@@ -93,7 +93,8 @@ def test_encoded_addresses_are_refused_even_when_the_address_is_listed(host: str
     ("168.63.129.16", "metadata"), ("100.64.0.1", "shared"), ("240.0.0.1", "reserved"),
     ("::ffff:127.0.0.1", "loopback"), ("::ffff:169.254.169.254", "metadata"),
     ("64:ff9b::a9fe:a9fe", "metadata"), ("64:ff9b::7f00:1", "loopback"),
-    ("2002:7f00:1::", "loopback"), ("::7f00:1", "loopback"),
+    ("2002:7f00:1::", "loopback"), ("::7f00:1", "loopback"), ("fec0::44", "site-local"),
+    ("feff::1", "site-local"), ("::ffff:10.0.0.1", "private"),
 ])
 def test_address_checks(address: str, what: str) -> None:
     problem = address_problem(ipaddress.ip_address(address))
@@ -341,3 +342,37 @@ def test_shown_allow_rules_leave_out_what_deny_removes() -> None:
     r = rules(allow=("api.example.com", "*.test", "a.example", "b.example:443"),
               deny=("api.example.com", "*.example:443", "secret.test"))
     assert r.shown() == ("*.test", "a.example")
+
+
+def test_a_deny_rule_naming_an_address_denies_it_by_any_name() -> None:
+    r = rules(allow=("*.example.com", "pinned.test", "11.22.33.44:8080"),
+              deny=("11.22.33.44", "[2a00::5]:443"), pins=(("pinned.test", "11.22.33.44"),))
+    d = r.decide("api.example.com", 443)
+    for seen in ("11.22.33.44", "::ffff:11.22.33.44", "64:ff9b::b16:212c", "2002:b16:212c::1"):
+        refused = r.admit(d, [ipaddress.ip_address("93.184.216.34"), ipaddress.ip_address(seen)])
+        assert (refused.code, refused.rule) == (Code.DENIED, "*.example.com"), seen
+        assert refused.reason.endswith("which rule 11.22.33.44 denies")
+    assert r.admit(r.decide("pinned.test", 80), [ipaddress.ip_address("11.22.33.44")]).code \
+        == Code.DENIED  # deny wins over a pin...
+    assert r.decide("11.22.33.44", 8080).code == Code.DENIED  # ...and over a listed literal
+    v6 = ipaddress.ip_address("2a00::5")
+    assert r.admit(d, [v6]).code == Code.DENIED
+    # Controls: another port of a deny rule with a port, another address, no deny rule.
+    assert r.admit(r.decide("api.example.com", 80), [v6]).allowed
+    assert r.admit(d, [ipaddress.ip_address("11.22.33.45")]).allowed
+    assert rules(allow=("*.example.com",)).admit(
+        d, [ipaddress.ip_address("11.22.33.44")]).allowed
+
+
+def test_a_denied_pin_is_neither_relayed_nor_shown() -> None:
+    r = rules(allow=("localhost:11434", "model.test:8080", "other.test"),
+              deny=("127.0.0.1", "[::1]:9999"),
+              pins=(("localhost", "127.0.0.1"), ("model.test", "::1"), ("other.test", "::1")))
+    assert r.relays() == tuple(x for x in r.relays() if x.port == 8080)
+    assert [x.target for x in r.relays()] == ["model.test"]
+    assert r.shown() == ("model.test:8080", "other.test")  # ::1 is denied on 9999 only
+    # Control: without the deny rules both loopback ports are relayed and shown.
+    ok = rules(allow=("localhost:11434", "model.test:8080"),
+               pins=(("localhost", "127.0.0.1"), ("model.test", "::1")))
+    assert [x.port for x in ok.relays()] == [11434, 8080]
+    assert ok.shown() == ("localhost:11434", "model.test:8080")

@@ -243,6 +243,8 @@ def test_corral_run_takes_a_request(tmp_path: Path, bwrap: str) -> None:
     assert res.run.stdout == b"hi\n" and res.id == "api"
     bad = corral.run(corral.RunRequest(command=("/no/such/program",)))
     assert bad.status == "invalid" and bad.error and "not found" in bad.error
+    with pytest.raises(UsageError):  # a policy beside a request would be silently ignored
+        corral.run(corral.RunRequest(command=("/bin/true",)), corral.Policy())  # type: ignore[call-overload]
 
 
 @pytest.mark.sandbox

@@ -165,6 +165,10 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     from .request import RunRequest
 
     if isinstance(cmd, RunRequest):
+        if policy is not None or workspace_dir or inputs or not capture or stdin or env:
+            raise UsageError("a RunRequest is run with runs_dir alone",
+                             "it carries its own profile, limits, files, stdin and env",
+                             "put them in the request")
         from .execute import run_request
 
         return run_request(cmd, runs_dir=runs_dir)

@@ -25,6 +25,8 @@ USAGE = """corral run [options] -- CMD [ARG...]
        corral shell [options] (-c CMD | -- ARGV...)
        corral mcp [options] [--transport stdio|http] [--host H --port N]
        corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
+       corral batch JOBS.jsonl -o RESULTS.jsonl [--workers N] [--engine local|ray] [--resume]
+       corral serve [--host ADDR] [--port N] [--workers N] [--token-file FILE]
        corral doctor [--json]
        corral delegate --user NAME [--undo]"""
 
@@ -171,6 +173,18 @@ def _probe_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _batch_parser(b: argparse.ArgumentParser) -> None:
+    from .batch import add_arguments
+
+    add_arguments(b)
+
+
+def _serve_parser(s: argparse.ArgumentParser) -> None:
+    from .serve import add_arguments
+
+    add_arguments(s)
+
+
 def _doctor_parser(d: argparse.ArgumentParser) -> None:
     d.add_argument("--json", action="store_true")
 
@@ -190,6 +204,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "shell": ("run one shell command under agent-mode rules", _shell_parser),
     "mcp": ("serve the sandbox as MCP tools, a workspace per session", _mcp_parser),
     "probe": ("prove the sandbox on this machine: escape attempts", _probe_parser),
+    "batch": ("run a JSON-lines file of requests, results as they finish", _batch_parser),
+    "serve": ("serve requests over HTTP, SandboxFusion-compatible", _serve_parser),
     "doctor": ("what this host supports and which protections hold", _doctor_parser),
     "delegate": ("as root: let USER's runs have cgroup limits (v1 hosts)", _delegate_parser),
 }
@@ -469,6 +485,14 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
             code = cmd_mcp(args)
         elif args.verb == "probe" and not cmd:
             code = cmd_probe(args)
+        elif args.verb == "batch" and not cmd:
+            from .batch import main as batch
+
+            code = batch(args)
+        elif args.verb == "serve" and not cmd:
+            from .serve import main as serve
+
+            code = serve(args)
         else:
             if cmd:
                 raise UsageError(f"corral {args.verb} takes no command", "", "drop the --")

@@ -136,6 +136,13 @@ def _translate(stderr: str, host_hint: str) -> LaunchError | HostError:
         return HostError(f"bwrap could not set up mounts ({text})",
                          "this looks like a container without mount rights",
                          "run corral on the host, or give the container user namespaces")
+    if "Can't find source path /proc/self/fd/" in text:
+        # bwrap 0.8 resolves a bound descriptor to its path first: a directory that was
+        # deleted after corral opened it has no path left (seen when a test's clean-up
+        # removed another session's project).
+        return LaunchError("a directory to bind was deleted while the sandbox started",
+                           f"bwrap found it gone ({text})",
+                           "check what removes it, and run again")
     if "Race condition binding dirfd" in text:
         return LaunchError("a directory to bind was replaced while the sandbox started",
                            "something is changing the workspace concurrently",

@@ -8,6 +8,11 @@ bounded number of wake-ups however fast it sends, and one that has not
 sent a complete request after ``HEAD_TIMEOUT_S`` is answered 408.  Every
 malformed, incomplete or refused request becomes a :class:`Refused` with
 the status or SOCKS reply it is answered with.
+
+Every byte read is held against the run's budget for request bytes
+(:meth:`Account.hold`) until the connection's tunnel has sent it on, or the
+connection ends: a read past the budget is answered 503.  No frame keeps a
+chunk the head reader has already copied, so what is held is what is counted.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
 from . import http, socks
+from .account import HOLD_BUDGET, Account
 from .opener import Refused, bad_request
 from .rules import Decision
 
@@ -43,11 +49,15 @@ class Target(NamedTuple):
 class Conn:
     """One client connection during its handshake, on the proxy's event loop."""
 
-    __slots__ = ("greeted", "logged", "loop", "pace", "protocol", "received", "sock")
+    __slots__ = ("account", "greeted", "held", "logged", "loop", "pace", "protocol",
+                 "received", "sock")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                 account: Account) -> None:
         self.loop = loop
         self.sock = sock
+        self.account = account
+        self.held = 0  # bytes read and held against the run's budget
         self.protocol = "http"
         self.received = False  # a connection that never sent a byte is not logged
         self.logged = False  # its one log line is written
@@ -55,7 +65,18 @@ class Conn:
         self.pace = HEAD_PACE_S[0]
 
     async def recv(self) -> bytes:
-        return await self.loop.sock_recv(self.sock, READ_CHUNK)
+        data = await self.loop.sock_recv(self.sock, READ_CHUNK)
+        self.received = self.received or bool(data)  # refused or not, it is logged
+        if not self.account.hold(len(data)):
+            raise bad_request(f"the run's proxy already holds {HOLD_BUDGET >> 20} MiB of "
+                              "unfinished requests; this one is refused", 503)
+        self.held += len(data)
+        return data
+
+    def release(self) -> None:
+        """Give what this connection held back to the run (once its bytes are sent on)."""
+        self.account.unhold(self.held)
+        self.held = 0
 
     async def more(self) -> bytes:
         """More of an unfinished request, read after a wait that doubles each time."""
@@ -91,14 +112,15 @@ async def read_request(conn: Conn) -> Target | None:
         first = await conn.recv()
         if not first:
             return None
-        conn.received = True
-        if first[0] == socks.VERSION:
+        version, pending = first[0], [first]
+        del first  # the parser owns the chunk now (see the module docstring)
+        if version == socks.VERSION:
             conn.protocol = "socks5"
-            return await _socks(conn, first)
-        if first[0] == 4:
+            return await _socks(conn, pending.pop())
+        if version == 4:
             conn.protocol = "socks4"
             raise bad_request("SOCKS4 is not supported; use SOCKS5")
-        return await _http(conn, first)
+        return await _http(conn, pending)
 
 
 @contextlib.asynccontextmanager
@@ -111,10 +133,11 @@ async def _head_time() -> AsyncIterator[None]:
                           408) from None
 
 
-async def _http(conn: Conn, data: bytes) -> Target:
+async def _http(conn: Conn, pending: list[bytes]) -> Target:
     reader = http.HeadReader()
-    while (done := _step(reader.feed, data)) is None:
-        data = await conn.more()
+    done = _step(reader.feed, pending.pop())
+    while done is None:  # each chunk is copied into the reader and dropped at once
+        done = _step(reader.feed, await conn.more())
     head, early = done
     if head.startswith(b"CONNECT "):
         conn.protocol = "http-connect"

@@ -14,7 +14,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-__all__ = ["METADATA", "Host", "IPAddress", "address_problem", "canonical_ip",
+__all__ = ["METADATA", "Host", "IPAddress", "address_forms", "address_problem", "canonical_ip",
            "normalise_name", "parse_host", "parse_port", "split_host_port"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -170,19 +170,32 @@ def address_problem(addr: IPAddress) -> str | None:
         if embedded is not None:
             inner = address_problem(embedded)
             return None if inner is None else f"an IPv6 address embedding {embedded}, {inner}"
+    # Site-local (fec0::/10, deprecated but still routed inside networks that used it) is
+    # private in meaning, yet Python's is_private and is_global do not say so.
     for test, what in (("is_unspecified", "the unspecified address"),
                        ("is_loopback", "a loopback address"),
                        ("is_link_local", "a link-local address"),
+                       ("is_site_local", "a site-local address"),
                        ("is_multicast", "a multicast address"),
                        ("is_reserved", "a reserved address"),
                        ("is_private", "a private address")):
-        if getattr(addr, test):
+        if getattr(addr, test, False):  # IPv4 addresses have no is_site_local
             return what
     if isinstance(addr, ipaddress.IPv4Address) and addr in _CGNAT:
         return "a shared (carrier-grade NAT) address"
     if not addr.is_global:
         return "a reserved address"
     return None
+
+
+def address_forms(addr: IPAddress) -> tuple[IPAddress, ...]:
+    """``addr`` and the IPv4 address it embeds, if any: the forms a rule naming an
+    address is compared with (a connection to either reaches the same host)."""
+    if isinstance(addr, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(addr)
+        if embedded is not None:
+            return addr, embedded
+    return (addr,)
 
 
 def _embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:

@@ -2,9 +2,13 @@
 
 The file is ``RUNS/<run-id>/egress.jsonl`` (beside ``record.json``), opened
 ``O_APPEND`` and written one whole line per ``write``, so a reader never sees
-half a line.  A hostile payload can ask for millions of connections, so the
-file stops after :data:`MAX_LINES` lines with one ``truncated`` line, and
+half a line.  A hostile payload can ask for millions of connections, and
+make each refusal's reason about a kilobyte long (a name of 63 emoji, shown
+escaped), so the file stops before :data:`MAX_BYTES` or after
+:data:`MAX_LINES` lines, whichever comes first, with one ``truncated`` line;
 only the first :data:`MAX_DENIALS` denials are kept for the run's result.
+The file is the launcher's, outside the run's workspace and its disk limit:
+this cap is what bounds it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from .rules import Decision
 __all__ = ["DecisionLog"]
 
 MAX_LINES = 100_000
+MAX_BYTES = 8 * 1024 * 1024  # the truncated line included
 MAX_DENIALS = 1_000
+_ROOM = 256  # kept for the truncated line
 
 
 class DecisionLog:
@@ -30,6 +36,8 @@ class DecisionLog:
         self.fd = -1 if path is None else os.open(
             path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         self.lines = 0
+        self.size = 0  # bytes written
+        self.full = False  # the truncated line is written; nothing more is
         self.denied = 0
         self.kept: list[dict[str, Any]] = []
 
@@ -46,14 +54,18 @@ class DecisionLog:
         self._write(entry)
 
     def _write(self, entry: dict[str, Any]) -> None:
-        if self.fd < 0 or self.lines > MAX_LINES:
+        if self.fd < 0 or self.full:
             return
+        line = (json.dumps(entry) + "\n").encode()
+        if self.lines >= MAX_LINES or self.size + len(line) > MAX_BYTES - _ROOM:
+            self.full = True
+            line = (json.dumps({"time": entry["time"], "truncated": True,
+                                "reason": f"over {MAX_LINES} decisions or {MAX_BYTES >> 20} "
+                                          "MiB; later ones are not logged"}) + "\n").encode()
         self.lines += 1
-        if self.lines > MAX_LINES:
-            entry = {"time": entry["time"], "truncated": True,
-                     "reason": f"over {MAX_LINES} decisions; later ones are not logged"}
+        self.size += len(line)
         try:
-            os.write(self.fd, (json.dumps(entry) + "\n").encode())
+            os.write(self.fd, line)
         except OSError:
             self.close()  # a full disk must not stop the proxy
 

@@ -35,7 +35,7 @@ __all__ = ["Opened", "Opener", "Refused", "Resolver", "system_resolver"]
 Resolver = Callable[[str, int], Sequence[IPAddress]]
 CONNECT_TIMEOUT_S = 30.0
 RESOLVE_TIMEOUT_S = 15.0
-MAX_LOOKUPS = 16  # name lookups in flight at once (each is a thread)
+MAX_LOOKUPS = 16  # name lookup threads per run at once, finished or given up on or not
 
 
 def system_resolver(name: str, port: int) -> list[IPAddress]:
@@ -136,8 +136,14 @@ class Opener:
                 f"with --resolve {decision.host}:{addr} to reach it on purpose"))
 
     async def _resolve(self, decision: Decision, name: str, port: int) -> Sequence[IPAddress]:
+        """The host resolver's answer for ``name``, in a thread; refused after
+        ``RESOLVE_TIMEOUT_S``, waiting for a free lookup slot included.
+
+        A slot is freed when its thread ends, not when the request gives up on it:
+        a hung resolver then costs a run at most ``MAX_LOOKUPS`` threads.
+        """
         future: asyncio.Future[Sequence[IPAddress]] = self.loop.create_future()
-        loop = self.loop
+        loop, slots = self.loop, self.lookups
 
         def lookup() -> None:  # in a daemon thread: a hung resolver never blocks shutdown
             try:
@@ -147,18 +153,23 @@ class Opener:
                 result, ok = e, False
             with contextlib.suppress(RuntimeError):  # the loop is already closed
                 loop.call_soon_threadsafe(_settle, future, ok, result)
+                loop.call_soon_threadsafe(slots.release)
 
-        async with self.lookups:
-            threading.Thread(target=lookup, name="corral-resolve", daemon=True).start()
-            try:
-                async with asyncio.timeout(RESOLVE_TIMEOUT_S):
-                    return await future
-            except (OSError, TimeoutError, UnicodeError, ValueError) as e:
-                why = "timed out" if isinstance(e, TimeoutError) else (
-                    getattr(e, "strerror", None) or str(e) or type(e).__name__)
-                raise Refused(decision.refuse(Code.UNRESOLVED,
-                                              f"{name} could not be resolved: {why}"),
-                              502) from None
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT_S):
+                await slots.acquire()
+                try:
+                    threading.Thread(target=lookup, name="corral-resolve", daemon=True).start()
+                except BaseException:
+                    slots.release()
+                    raise
+                return await future
+        except (OSError, TimeoutError, UnicodeError, ValueError) as e:
+            why = "timed out" if isinstance(e, TimeoutError) else (
+                getattr(e, "strerror", None) or str(e) or type(e).__name__)
+            raise Refused(decision.refuse(Code.UNRESOLVED,
+                                          f"{name} could not be resolved: {why}"),
+                          502) from None
 
     async def _connect(self, decision: Decision, size: int | None) -> socket.socket:
         assert decision.address is not None

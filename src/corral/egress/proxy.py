@@ -32,6 +32,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,7 +106,10 @@ class Proxy:
         assert self.ctrl is not None
         while True:
             try:
-                data, ancdata, _, _ = self.ctrl.recvmsg(16, socket.CMSG_SPACE(4 * FD_MESSAGE))
+                # Close-on-exec from the start: no child of this process (bwrap, git, a
+                # program embedding corral) may inherit a payload's socket.
+                data, ancdata, _, _ = self.ctrl.recvmsg(16, socket.CMSG_SPACE(4 * FD_MESSAGE),
+                                                        socket.MSG_CMSG_CLOEXEC)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -142,7 +146,8 @@ class Proxy:
         relay = self._relay_of(sock)
         self.open[sock] = None
         self.open[sock] = self.loop.create_task(
-            self._client(Conn(self.loop, sock)) if relay is None else self._relayed(sock, relay))
+            self._client(Conn(self.loop, sock, self.run.account)) if relay is None
+            else self._relayed(sock, relay))
 
     def _relay_of(self, sock: socket.socket) -> Relay | None:
         """The relay whose listening address accepted ``sock`` (the kernel says which)."""
@@ -173,6 +178,8 @@ class Proxy:
             self._log(conn, refused.decision)
             await conn.answer(refused)
         finally:
+            if tunnel is None:  # else the tunnel gives it back once its first bytes are out
+                conn.release()
             self._settle(conn.sock, tunnel)
 
     def _log(self, conn: Conn, decision: Decision) -> None:
@@ -215,14 +222,16 @@ class Proxy:
         assert self.opener is not None
         opened = await self.opener.open(target.host, target.port)
         self._log(conn, opened.decision)
-        return await self._join(conn.sock, opened, target)
+        return await self._join(conn.sock, opened, target, conn.release)
 
     async def _send(self, sock: socket.socket, data: bytes) -> None:
         assert self.loop is not None
         await self.loop.sock_sendall(sock, data)
 
-    async def _join(self, sock: socket.socket, opened: Opened, target: Target) -> Tunnel:
-        """Answer the client, then hand both sockets to a tunnel that owns them."""
+    async def _join(self, sock: socket.socket, opened: Opened, target: Target,
+                    release: Callable[[], None] | None = None) -> Tunnel:
+        """Answer the client, then hand both sockets (and what the request holds of the
+        run's budget, given back by ``release``) to a tunnel that owns them."""
         try:
             if target.answer:
                 await self._send(sock, target.answer)
@@ -234,7 +243,7 @@ class Proxy:
         req = target.request
         tunnel = Tunnel(self.loop, self.buffer, sock, opened.upstream, self._closed,
                         body=None if req is None else req.body_length, window=opened.buffer,
-                        on_error=self._tunnel_error)
+                        on_error=self._tunnel_error, on_sent=release)
         # The target was allowed, so its host parses; the head names it in normal form.
         head = b"" if req is None else http.upstream_head(req, str(parse_host(req.host)))
         tunnel.start(head, target.early)

@@ -52,6 +52,8 @@ class Pump:
             self.pending = first
             self.tunnel.loop.add_writer(self.dst_fd, self._writable)
         else:
+            if self is self.tunnel.outbound:  # nothing to send first: nothing held
+                self.tunnel.sent()
             self.tunnel.loop.add_reader(self.src_fd, self._readable)
 
     def _readable(self) -> None:
@@ -114,6 +116,8 @@ class Pump:
             return
         self.pending = self.pending[sent:]
         if not self.pending:
+            if self is self.tunnel.outbound:  # the request's own bytes are out of memory
+                self.tunnel.sent()
             self.tunnel.loop.remove_writer(self.dst_fd)
             if not self.tunnel.closed:
                 self.tunnel.loop.add_reader(self.src_fd, self._readable)
@@ -139,12 +143,14 @@ class Tunnel:
                  client: socket.socket, upstream: socket.socket,
                  on_close: Callable[[Tunnel], None], *, body: int | None = None,
                  window: int | None = None,
-                 on_error: Callable[[Tunnel, Exception], None] | None = None) -> None:
+                 on_error: Callable[[Tunnel, Exception], None] | None = None,
+                 on_sent: Callable[[], None] | None = None) -> None:
         self.loop = loop
         self.buffer = buffer
         self.window = len(buffer) if window is None else min(window, len(buffer))
         self.grant = window  # what the run's account lent this tunnel, returned on close
         self.on_error = on_error
+        self.on_sent = on_sent  # once the request bytes read before it began are sent on
         self.client, self.upstream = client, upstream
         self.on_close = on_close
         self.closed = False
@@ -158,6 +164,13 @@ class Tunnel:
         already read past the client's request head (counted against the body)."""
         self.outbound.start(head, early)
         self.inbound.start()
+
+    def sent(self) -> None:
+        """The bytes the tunnel started with are out of corral's memory (sent, or dropped
+        with the tunnel): what the connection held against the run's budget goes back."""
+        if self.on_sent is not None:
+            done, self.on_sent = self.on_sent, None
+            done()
 
     def pump_done(self, pump: Pump) -> None:
         if (self.response_ends and pump is self.inbound) or (
@@ -181,4 +194,5 @@ class Tunnel:
                 self.loop.remove_reader(fd)
                 self.loop.remove_writer(fd)
             sock.close()
+        self.sent()
         self.on_close(self)

@@ -13,8 +13,10 @@ A decision is made in two steps, and the proxy connects only when both allow:
     ``--resolve`` may reach its pinned address whatever it is (that is how a
     user reaches a local service on purpose); a listed IP literal likewise.
     Any other name is refused if *any* of its addresses is loopback, private,
-    link-local, multicast, unspecified, reserved or a cloud metadata address,
-    looking through IPv4-mapped, IPv4-compatible, NAT64 and 6to4 addresses.
+    link-local, site-local, multicast, unspecified, reserved or a cloud metadata
+    address, looking through IPv4-mapped, IPv4-compatible, NAT64 and 6to4
+    addresses.  Before any of that, a deny rule that names an address denies
+    every name that leads there, pinned or not (deny wins).
     After connecting, the proxy also refuses a peer that is one of the host's
     own addresses (:mod:`.local`), again unless pinned or listed.
 
@@ -35,6 +37,7 @@ from .hosts import (
     METADATA,
     Host,
     IPAddress,
+    address_forms,
     address_problem,
     canonical_ip,
     normalise_name,
@@ -113,6 +116,14 @@ class Rule:
         if self.wildcard:
             return host.ip is None and host.name.endswith("." + self.host.name)
         return (self.host.ip is None) == (host.ip is None) and self.host.name == host.name
+
+    def names_address(self, address: IPAddress, port: int | None) -> bool:
+        """Whether this rule is an IP literal naming ``address`` (or the IPv4 address it
+        embeds), on ``port`` (None: every port the rule covers)."""
+        if self.host.ip is None or (self.port is not None and port is not None
+                                    and self.port != port):
+            return False
+        return self.host.ip in address_forms(address)
 
     def covers(self, other: Rule) -> bool:
         """Whether every host and port ``other`` matches, this rule matches too."""
@@ -222,13 +233,25 @@ class Rules:
             if (rule.wildcard or rule.port is None or address is None
                     or not address.is_loopback or (address, rule.port) in found):
                 continue
-            if self.decide(str(rule.host), rule.port).allowed:
+            if self.admit(self.decide(str(rule.host), rule.port), [address]).allowed:
                 found[address, rule.port] = Relay(address, rule.port, str(rule.host))
         return tuple(found.values())
 
     def shown(self) -> tuple[str, ...]:
-        """The allow rules that a deny rule does not cancel whole, for one line to the user."""
-        return tuple(str(a) for a in self.allow if not any(d.covers(a) for d in self.deny))
+        """The allow rules that a deny rule does not cancel whole, for one line to the user:
+        neither by naming them nor by naming the address they are pinned to."""
+        return tuple(str(a) for a in self.allow if not any(d.covers(a) for d in self.deny)
+                     and not self._pin_denied(a))
+
+    def _pin_denied(self, rule: Rule) -> bool:
+        address = None if rule.wildcard else self.pinned(rule.host)
+        return address is not None and any(
+            d.names_address(address, rule.port) and (d.port is None or d.port == rule.port)
+            for d in self.deny)
+
+    def denying(self, address: IPAddress, port: int | None) -> Rule | None:
+        """The deny rule that names ``address`` (in any form that reaches it) on ``port``."""
+        return next((d for d in self.deny if d.names_address(address, port)), None)
 
     def decide(self, host_text: str, port: int | str) -> Decision:
         """Step 1: the target as the client wrote it, against the deny and allow rules."""
@@ -265,6 +288,11 @@ class Rules:
         host = parse_host(decision.host)
         if not addresses:
             return decision.refuse(Code.UNRESOLVED, f"{host} has no address")
+        for addr in addresses:  # deny wins, over pins and listed literals too
+            denied = self.denying(addr, decision.port)
+            if denied is not None:
+                return decision.refuse(Code.DENIED, f"{host} resolves to {addr}, which rule "
+                                                    f"{denied} denies")
         if not self.explicit(host):
             for addr in addresses:
                 problem = address_problem(addr)

@@ -1,0 +1,189 @@
+"""The HTTP service, as a plain ASGI application (served by uvicorn, ``corral[serve]``).
+
+Routes:
+
+=====================  =======================================================================
+``POST /run_code``     SandboxFusion's request and response (:mod:`corral.serve.fusion`)
+``POST /run_code/batch`` a JSON list of those requests; a list of responses, in order
+``POST /v1/runs``      corral's own RunRequest; its RunResult (docs/requests.md)
+``GET /healthz``       ``{"ok": true}``; the only route that needs no token
+``GET /metrics``       runs, failures, statuses, queue depth, latency percentiles
+=====================  =======================================================================
+
+Every request is parsed and checked before it is admitted; a bad one is a 400 with a
+``{"error": reason}`` body.  Admission counts runs: at most ``workers`` run at once and at most
+``queue`` more wait; beyond that a 429 with ``Retry-After``, and nothing runs.  Runs go to a
+pool of ``workers`` threads, each calling the one launcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from ..engines.local import run_safely
+from ..errors import UsageError
+from ..request import RunRequest
+from ..result import RunResult
+from .config import Config, cap_request
+from .fusion import fusion_response, request_from_fusion
+from .metrics import Metrics
+
+__all__ = ["App"]
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+Reply = tuple[int, Any]
+RETRY_AFTER_S = 1
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, reason: str, headers: tuple[tuple[bytes, bytes], ...] = ()
+                 ) -> None:
+        super().__init__(reason)
+        self.status, self.reason, self.headers = status, reason, headers
+
+
+class App:
+    """One server's state: its configuration, its pool, its admission count, its metrics."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.metrics = Metrics()
+        self.in_flight = 0
+        self.pool: ThreadPoolExecutor | None = None
+        self.routes: dict[tuple[str, str], Callable[[bytes], Awaitable[Reply]]] = {
+            ("POST", "/run_code"): self.run_code, ("POST", "/run_code/batch"): self.run_batch,
+            ("POST", "/v1/runs"): self.v1_runs, ("GET", "/healthz"): self.healthz,
+            ("GET", "/metrics"): self.metrics_json,
+        }
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+        elif scope["type"] == "http":
+            await self._http(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="serve")
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                pool, self.pool = self.pool, None
+                if pool is not None:  # the runs in progress finish, and are reaped
+                    await asyncio.get_running_loop().run_in_executor(
+                        None, functools.partial(pool.shutdown, wait=True, cancel_futures=True))
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        headers: tuple[tuple[bytes, bytes], ...] = ()
+        try:
+            route = self.routes.get((scope["method"], scope["path"]))
+            if route is None:
+                known = any(path == scope["path"] for _, path in self.routes)
+                raise HTTPError(405 if known else 404,
+                                "method not allowed" if known else "no such route")
+            if scope["path"] != "/healthz":
+                self._authorize(scope)
+            status, body = await route(await self._body(receive))
+        except HTTPError as e:
+            status, body, headers = e.status, {"error": e.reason}, e.headers
+            if e.status == 400:
+                self.metrics.bad += 1
+        data = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": status, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+            *headers]})
+        await send({"type": "http.response.body", "body": data})
+
+    def _authorize(self, scope: dict[str, Any]) -> None:
+        token = self.config.token
+        if token is None:
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, b"Bearer " + token.encode()):
+            raise HTTPError(401, "a token is required: Authorization: Bearer TOKEN",
+                            ((b"www-authenticate", b"Bearer"),))
+
+    async def _body(self, receive: Receive) -> bytes:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise HTTPError(400, "the client went away")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.config.max_body:
+                raise HTTPError(413, f"the body is over this server's {self.config.max_body} "
+                                "bytes")
+            chunks.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    @staticmethod
+    def _json(body: bytes) -> Any:
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as e:
+            raise HTTPError(400, f"the body is not JSON; {e}") from None
+
+    def _parse(self, parse: Callable[[Any], RunRequest], data: Any, clamp: bool) -> RunRequest:
+        try:
+            return cap_request(parse(data), self.config, clamp=clamp)
+        except UsageError as e:
+            raise HTTPError(400, str(e)) from None
+
+    async def _run(self, requests: list[RunRequest]) -> list[RunResult]:
+        """Admit ``requests`` as one, or refuse them all with a 429; run them in the pool."""
+        limit = self.config.workers + self.config.queue
+        if len(requests) > limit:
+            raise HTTPError(400, f"a batch of {len(requests)} is over this server's {limit}")
+        if self.in_flight + len(requests) > limit:
+            self.metrics.rejected += len(requests)
+            raise HTTPError(429, "the server is busy: its queue is full",
+                            ((b"retry-after", str(RETRY_AFTER_S).encode()),))
+        self.in_flight += len(requests)
+        try:
+            return list(await asyncio.gather(*(self._one(r) for r in requests)))
+        finally:
+            self.in_flight -= len(requests)
+
+    async def _one(self, request: RunRequest) -> RunResult:
+        assert self.pool is not None, "the lifespan started the pool"
+        started = time.monotonic()
+        result = await asyncio.get_running_loop().run_in_executor(
+            self.pool, run_safely, request, self.config.runs_dir, False)
+        self.metrics.finished(result.status, result.ok, time.monotonic() - started)
+        return result
+
+    async def run_code(self, body: bytes) -> Reply:
+        request = self._parse(request_from_fusion, self._json(body), clamp=True)
+        [result] = await self._run([request])
+        return 200, fusion_response(result)
+
+    async def run_batch(self, body: bytes) -> Reply:
+        data = self._json(body)
+        if not isinstance(data, list):
+            raise HTTPError(400, "the body must be a JSON list of /run_code requests")
+        requests = [self._parse(request_from_fusion, item, clamp=True) for item in data]
+        return 200, [fusion_response(r) for r in await self._run(requests)]
+
+    async def v1_runs(self, body: bytes) -> Reply:
+        request = self._parse(RunRequest.from_json, self._json(body), clamp=False)
+        [result] = await self._run([request])
+        return 200, result.to_json()
+
+    async def healthz(self, body: bytes) -> Reply:
+        return 200, {"ok": True}
+
+    async def metrics_json(self, body: bytes) -> Reply:
+        return 200, self.metrics.to_json(self.in_flight, self.config.workers)
