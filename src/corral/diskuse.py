@@ -46,7 +46,11 @@ MAX_LINKED = 262_144
 MAX_SECONDS = 60.0
 MAX_PROCESSES = 65_536  # processes found by walking the tree (no cgroup to list them)
 TICK = 1024  # entries between looks at the clock and the stop flag
-UNREADABLE_RETRY_S = 0.05
+# An unreadable table is looked at again after these pauses before it is refused: a task
+# is briefly unreadable while it exits (its memory is gone before its files), and a child
+# of corral's init until it makes itself dumpable again; on a loaded machine either can
+# take a while.  A payload that stays unreadable is refused about two seconds later.
+UNREADABLE_RETRIES_S = (0.05, 0.25, 0.7, 1.0)
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 OWN_NS_PIDS = (1, 2)  # bwrap's PID 1 and corral's init, inside the sandbox's PID namespace
 
@@ -248,19 +252,19 @@ def _fd_paths(pid: int, tid: str) -> list[str]:
     The kernel hides a thread's table from its own uid when the process is not
     dumpable, and shows a thread that has exited (a leader that called
     ``SYS_exit`` stays, a zombie, while its other threads run) as root's: that
-    one holds nothing any more.
+    one holds nothing any more.  A table still unreadable after
+    ``UNREADABLE_RETRIES_S`` is refused.
     """
     fd_dir = f"/proc/{pid}/task/{tid}/fd"
-    for attempt in range(2):
+    for pause in (*UNREADABLE_RETRIES_S, None):
         try:
             return [f"{fd_dir}/{fd}" for fd in os.listdir(fd_dir)]
         except PermissionError:
             if corrals_own(pid) or _exited(pid, tid):
                 return []
-            if attempt == 0:
-                # A child of corral's init is not dumpable for a moment after its fork,
-                # until it says otherwise; a payload that stays so is refused.
-                time.sleep(UNREADABLE_RETRY_S)
+            if pause is None:
+                break
+            time.sleep(pause)
         except OSError:
             return []  # the thread or process is gone
     raise Unmeasurable(f"the open files of process {pid} cannot be read (it is not "
