@@ -69,7 +69,9 @@ def lab(who: Identity) -> Iterator[Lab]:
             home / ".bashrc", home / "dev"]
     result = Lab(home, project, token, tuple(home / r for r in files if "rc" not in r), uid, gid)
     result.own(*made)
-    made.append(home / ".claude")  # created by corral for the claude profile
+    # corral's copies of agent state, and real state folders the tests make
+    made += [home / n for n in (".local", ".claude", ".claude.json", ".codex", ".pi", ".gemini",
+                                ".aider")]
     os.chmod(home, 0o755)
     yield result
     for p in made:

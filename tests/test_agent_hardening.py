@@ -96,18 +96,19 @@ def test_hook_locations_named_by_git_config_are_read_only(who: Identity, lab: La
     assert "HOOK" in ctl.stdout and "MANAGER" in ctl.stdout
 
 
-def test_the_agents_own_settings_stay_read_only(who: Identity, lab: Lab) -> None:
+def test_a_read_only_path_inside_a_writable_folder_stays_read_only(who: Identity,
+                                                                   lab: Lab) -> None:
+    """--ro inside --rw: the real state folder bound through on purpose, its settings kept."""
     settings = lab.home / ".claude" / "settings.json"
     settings.parent.mkdir(exist_ok=True)
     settings.write_text("{}\n")
     lab.own(lab.home / ".claude")
     script = (f"(echo hooks > {settings}) 2>/dev/null && echo SETTINGS; "
               f"echo state > {settings.parent}/history.jsonl && echo STATE")
-    r = agent(who, lab, script, "--profile", "claude")
+    r = agent(who, lab, script, "--rw", str(settings.parent), "--ro", str(settings))
     assert r.returncode == 0 and "SETTINGS" not in r.stdout and "STATE" in r.stdout, r
     assert settings.read_text() == "{}\n"
-    # Control: the generic profile does not mount ~/.claude at all, and with it writable
-    # (--rw) but no read-only list, the settings could be rewritten.
+    # Control: the folder writable (--rw) without the read-only path: rewritten.
     ctl = agent(who, lab, script, "--rw", str(settings.parent))
     assert "SETTINGS" in ctl.stdout
 

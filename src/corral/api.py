@@ -258,19 +258,22 @@ def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
 
 def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool = False,
               stdin: bytes | None = None, env: Sequence[tuple[str, str]] = (),
-              runs_dir: str | None = None, record: bool = True,
-              announce: Callable[[Sandbox], None] | None = None) -> Result:
+              runs_dir: str | None = None, record: bool = True, import_state: bool = False,
+              announce: Callable[[Sandbox, agent.Layout], None] | None = None) -> Result:
     """Run a coding agent (or one shell command) in ``project``; see :mod:`corral.agent`.
 
     With ``record``, a run record (no file listing: the project is the user's)
-    goes under the runs directory.  ``announce`` sees the sandbox just before launch.
+    goes under the runs directory.  ``import_state`` copies the agent's state into
+    corral's private copy again (see :mod:`corral.agent.state`).  ``announce`` sees the
+    sandbox just before launch.
     """
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
-    sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env)
+    sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env, prepare=True,
+                                     import_state=import_state)
     if announce is not None:
-        announce(sb)
+        announce(sb, layout)
     run_dir = workspace.record_dir(runs_dir or workspace.default_runs_dir(), layout.project) \
         if record else None
     entry: dict[str, Any] = {

@@ -243,6 +243,19 @@ def set_rlimits(limits: dict[str, list[int]]) -> None:
         resource.setrlimit(RLIMITS[name], (soft, hard))
 
 
+def take_terminal(fd: int) -> None:
+    """In the payload, before exec: a session of its own, with corral's pty (``fd``) as its
+    controlling terminal, so keys such as ^C and window resizes reach it the usual way."""
+    import fcntl
+    import termios
+
+    os.setsid()
+    try:
+        fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
+    except OSError as e:
+        raise SetupError(f"cannot take corral's terminal: {e.strerror}") from None
+
+
 def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
     """In the forked child: confine, then exec.  Never returns."""
     try:
@@ -251,6 +264,8 @@ def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
         prefer_oom_kill()
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        if cfg.get("tty") is not None:
+            take_terminal(int(cfg["tty"]))
         os.umask(0o022)
         os.chdir(cfg.get("cwd", "/"))
         set_rlimits(cfg.get("rlimits", {}))
@@ -283,13 +298,6 @@ def start_bridge(cfg: dict[str, Any]) -> Any:
     with open(spec["path"], "rb") as f:
         exec(compile(f.read(), spec["path"], "exec"), scope)
     return scope["Bridge"](spec)
-
-
-def _forward(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:  # the payload has just ended
-        return
 
 
 class Reporter:
@@ -342,9 +350,6 @@ def run(config_fd: int, argv: list[str]) -> int:
         report.send(event="error", message=failure.decode(errors="replace"))
         return SETUP_FAILED
     report.send(event="started", pid=pid)
-    # The terminal's resize signal reaches the launcher's process group, not this new
-    # session: the launcher forwards it here, and we pass it on to the payload.
-    signal.signal(signal.SIGWINCH, lambda *_: _forward(pid, signal.SIGWINCH))
     status = os.waitpid(pid, 0)[1] if bridge is None else bridge.serve(pid)
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))

@@ -21,7 +21,7 @@ from .bwrap import Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
 from .inner import FS_TRUNCATE, FS_WRITE_FILE
-from .policy import Policy, check_path
+from .policy import Policy, check_path, passed
 
 __all__ = ["Command", "resolve_command", "resolve_run"]
 
@@ -290,9 +290,7 @@ def _environment(policy: Policy, path: list[str], extra: Sequence[tuple[str, str
     env = {"PATH": ":".join(dict.fromkeys(path)), "HOME": WORKDIR, "LANG": "C.UTF-8",
            "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
     env.update(policy.env)
-    for name in policy.pass_env:
-        if name in os.environ:
-            env[name] = os.environ[name]
+    env.update(passed(policy.pass_env, os.environ))
     env.update(extra)
     return tuple(env.items())
 

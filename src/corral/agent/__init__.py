@@ -28,8 +28,8 @@ import shutil
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from . import discover, guard, resolve
-from .bwrap import (
+from .. import discover, guard, resolve
+from ..bwrap import (
     BindFd,
     Data,
     Op,
@@ -42,12 +42,14 @@ from .bwrap import (
     kernel_filesystems,
     parents,
 )
-from .errors import UsageError
-from .guard import Finding
-from .host import HostFacts
-from .policy import Policy
+from ..errors import UsageError
+from ..guard import Finding
+from ..host import HostFacts
+from ..policy import Policy, passed
+from . import state
 
-__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "profile_for", "resolve_agent"]
+__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "identity", "profile_for",
+           "resolve_agent"]
 
 # Emptied for every agent: daemons' sockets live under /run; /tmp holds other programs'
 # sockets and files; homes hold credentials; removable and network mounts hold anything.
@@ -73,6 +75,7 @@ class Entry(NamedTuple):
     access: str  # rw, ro, hidden, pinned
     kind: str  # dir or file
     reason: str
+    source: str = ""  # the host path bound there, when it is not ``path`` itself
 
 
 class Layout(NamedTuple):
@@ -87,6 +90,7 @@ class Layout(NamedTuple):
     findings: tuple[Finding, ...]  # inside writable trees
     tmp_bytes: int
     shm_bytes: int
+    notes: tuple[str, ...] = ()  # what preparing the agent's state did or skipped
     ptys: int = 0  # the sandbox's own devpts holds at most this many (0: no ptys)
 
     def entries(self) -> list[Entry]:
@@ -122,7 +126,8 @@ def agent_mounts(layout: Layout) -> list[Op]:
     for e in sorted(layout.writable, key=lambda e: e.path.count("/")):
         ops.extend(parents(e.path, made))
         made.add(e.path)
-        ops.append(BindFd(PathHandle(e.path, e.kind == "dir"), e.path, writable=True))
+        ops.append(BindFd(PathHandle(e.source or e.path, e.kind == "dir"), e.path,
+                          writable=True))
     ops.extend(_finding_ops(layout.findings))
     return ops
 
@@ -154,7 +159,7 @@ def profile_for(argv: Sequence[str]) -> str:
     return AGENT_PROFILES.get(os.path.basename(argv[0]) if argv else "", "generic")
 
 
-def _identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
+def identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
     """uid, gid, user name and home of the agent.  Started by root: the project's owner."""
     uid, gid, user, home = _who(project, host, policy)
     if policy.home is not None:
@@ -202,16 +207,11 @@ def _expand(path: str, home: str) -> str:
     return os.path.join(home, path[2:]) if path.startswith("~/") else path
 
 
-def _writable(policy: Policy, home: str, project: str, owner: tuple[int, int]) -> list[Entry]:
-    """The agent's state paths (directories end with '/', created for ``owner`` if missing)."""
+def _writable(policy: Policy, home: str, project: str) -> list[Entry]:
+    """The project and the paths the profile or ``--rw`` make writable (if they exist)."""
     entries = [Entry(project, "rw", "dir", "the project")]
     for raw in policy.writable:
         path = _expand(raw, home).rstrip("/")
-        if raw.endswith("/") and not os.path.lexists(path):
-            # exist_ok: two agents started at once both find it missing (corral probe does)
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            if os.geteuid() == 0:
-                os.chown(path, *owner)
         if not os.path.lexists(path):
             continue
         real = guard.check_writable_root(path, "writable path", home=home) \
@@ -220,8 +220,26 @@ def _writable(policy: Policy, home: str, project: str, owner: tuple[int, int]) -
             raise UsageError(f"writable path {path} links outside the home directory", "",
                              "point it inside your home, or drop it from the profile")
         kind = "dir" if os.path.isdir(real) else "file"
-        entries.append(Entry(path, "rw", kind, "the agent's own state"))
+        entries.append(Entry(path, "rw", kind, "made writable by the profile or --rw"))
     return entries
+
+
+def _check_state_alone(dirs: Sequence[state.StateDir], others: Sequence[str]) -> None:
+    """Nothing may be mounted inside corral's copy of the agent's state: bwrap would make
+    its mount point there, by path, in a tree the sandbox writes (DESIGN fact 7)."""
+    for d in dirs:
+        for path in others:
+            if _under(path, d.dest):
+                raise UsageError(
+                    f"{path} is inside {d.dest}, where corral mounts its private copy of "
+                    "the agent's state", "nothing is mounted inside that copy",
+                    f"run from another directory, drop that path, or use the real folder "
+                    f"on purpose with --rw {d.dest}")
+
+
+def _state_entries(dirs: Sequence[state.StateDir]) -> list[Entry]:
+    return [Entry(d.dest, "rw", "dir", f"the agent's state: corral's private copy, {d.source}",
+                  d.source) for d in dirs]
 
 
 def _program_mounts(found: str, hidden: Sequence[str], home: str) -> list[str]:
@@ -309,27 +327,39 @@ def _environment(policy: Policy, home: str, user: str, path: str,
                  extra: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     env = {"PATH": path, "HOME": home, "USER": user, "LOGNAME": user, "TMPDIR": "/tmp",
            "SHELL": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"}
-    for name in (*BASE_PASS_ENV, *policy.pass_env):
-        if name in os.environ:
-            env[name] = os.environ[name]
-    env.update(policy.env)
+    env.update(passed((*BASE_PASS_ENV, *policy.pass_env), os.environ))
+    # A profile's ~/ values name the agent's home (CLAUDE_CONFIG_DIR = "~/.claude").
+    env.update((k, _expand(v, home)) for k, v in policy.env)
     env.update(extra)
     return tuple(env.items())
 
 
 def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project: str,
-                  extra_env: Sequence[tuple[str, str]] = ()) -> tuple[Sandbox, Layout]:
-    """The sandbox for ``corral agent`` or ``corral shell`` in ``project``."""
+                  extra_env: Sequence[tuple[str, str]] = (), *, prepare: bool = False,
+                  import_state: bool = False) -> tuple[Sandbox, Layout]:
+    """The sandbox for ``corral agent`` or ``corral shell`` in ``project``.
+
+    With ``prepare``, corral's copy of the agent's state is made (and imported into on
+    first use or with ``import_state``) and its credentials refreshed; without, nothing
+    is created (``--dry-run``).
+    """
     disable_userns = resolve.check_host(policy, host)
     # The launcher's own home first, then (started by root) the agent's.
     guard.check_writable_root(project, "project", home=os.path.expanduser("~"))
-    uid, gid, user, home = _identity(os.path.realpath(project), host, policy)
+    uid, gid, user, home = identity(os.path.realpath(project), host, policy)
     project = guard.check_writable_root(project, "project", home=home)
     hidden = _hidden_trees(home, policy, project)
     search = os.environ.get("PATH", os.defpath)
     found = resolve.which_command(argv, search, base_dir=project)
-    writable = _writable(policy, home, project, (uid, gid))
+    writable = _writable(policy, home, project)
+    # Only the user's own trees are scanned: nothing in corral's copy of the agent's state
+    # runs outside corral, and nothing is mounted inside it (no mount point to create).
     roots = [e.path for e in writable if e.kind == "dir"]
+    dirs = state.plan(policy, home, [e.path for e in writable])
+    _check_state_alone(dirs, [*(e.path for e in writable),
+                              *(_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only))])
+    notes = state.prepare(policy, home, (uid, gid) if host.is_root else None, dirs,
+                          import_state) if prepare else []
     findings: list[Finding] = []
     for root in roots:
         findings += discover.scan(root, policy.allow_secrets, policy.protect, roots)
@@ -339,16 +369,17 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),
         read_only=tuple(_read_only(policy, home, _program_mounts(found, hidden, home), host,
                                    hidden, writable)),
-        writable=tuple(writable), findings=tuple(findings),
+        writable=(*writable, *_state_entries(dirs)), findings=tuple(findings),
         tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes,
-        ptys=resolve.pty_bound(policy, host))
+        notes=tuple(notes), ptys=resolve.pty_bound(policy, host))
     expected = []
     for root in roots:  # deepest roots last: a finding is checked from its nearest root
         mine = [f for f in findings if _under(f.path, root)
                 and not any(_under(f.path, r) and len(r) > len(root) for r in roots)]
         expected += discover.verify_unchanged(root, mine)
     config, program = resolve.kernel_layers(policy, host, uid, gid,
-                                            [*(e.path for e in writable), "/var/tmp"])
+                                            [*(e.path for e in layout.writable),
+                                             "/var/tmp"])
     config["expect_mounts"] = expected
     return Sandbox(
         argv=(found, *argv[1:]),
