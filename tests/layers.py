@@ -9,7 +9,7 @@ is a script rather than a fixture.
 
     layers.py [--off seccomp|landlock|payload-filter]... [--profile NAME]
               [--input PATH]... [--ro PATH]... [--extra-writable DIR]
-              [--allow-domain NAME] [--disk SIZE] -- CMD [ARG...]
+              [--allow-domain NAME] [--disk SIZE] [--init-pid N] -- CMD [ARG...]
 
 ``--extra-writable DIR`` binds DIR writable at /extra without giving
 Landlock a rule for it: the mounts alone would allow writes there.
@@ -17,7 +17,8 @@ Landlock a rule for it: the mounts alone would allow writes there.
 ``corral run --allow-domain`` does.  ``--disk SIZE`` launches with the run's
 limits as :func:`corral.api.run` does (started by root: the workspace's own
 file system image, copied out afterwards; else the watcher), and adds the
-record's ``limits`` to the output.
+record's ``limits`` to the output.  ``--init-pid N`` tells the init to expect
+PID N, where the seccomp filter protects PID 2.
 """
 
 from __future__ import annotations
@@ -27,14 +28,17 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from corral import api, egress, enforce, host, launch, resolve
+from corral import api, egress, enforce, errors, host, launch, resolve
 from corral.bwrap import Mount, Sandbox, mount
 from corral.policy import Network, Policy, parse_size
 from corral.profiles import load_profile
 
 
-def without(sb: Sandbox, off: list[str], extra: str | None) -> Sandbox:
+def without(sb: Sandbox, off: list[str], extra: str | None, init_pid: int | None = None
+            ) -> Sandbox:
     config = dict(sb.init_config)
+    if init_pid is not None:
+        config["pid"] = init_pid
     if "landlock" in off:
         config["landlock"] = None
     if "payload-filter" in off:
@@ -58,6 +62,7 @@ def main() -> None:
     p.add_argument("--extra-writable")
     p.add_argument("--allow-domain", action="append", default=[])
     p.add_argument("--disk")
+    p.add_argument("--init-pid", type=int)
     p.add_argument("cmd", nargs="+")
     args = p.parse_args()
     policy = load_profile(args.profile)
@@ -70,17 +75,21 @@ def main() -> None:
     run_dir, (uid, gid) = api.prepare(policy, workspace_dir=None, inputs=args.input,
                                       runs_dir=None, facts=facts)
     sb = resolve.resolve_run(policy, args.cmd, facts, run_dir.workspace, uid, gid)
-    sb = without(sb, args.off, args.extra_writable)
+    sb = without(sb, args.off, args.extra_writable, args.init_pid)
     net = egress.open_session(policy.network, None)  # NoEgress without an allowed name
     launch_args = {"capture": True, "stdin": None, "output_cap": 1 << 20, "timeout_s": 120,
                    "bwrap_path": facts.require_bwrap(), "extra_fds": net.pass_fds}
     limits: dict[str, object] = {}
     with net:
-        if args.disk:
-            out, limits = _limited(net.attach(sb), policy, facts, run_dir, (uid, gid),
-                                   launch_args)
-        else:
-            out = launch.launch(net.attach(sb), **launch_args)
+        try:
+            if args.disk:
+                out, limits = _limited(net.attach(sb), policy, facts, run_dir, (uid, gid),
+                                       launch_args)
+            else:
+                out = launch.launch(net.attach(sb), **launch_args)
+        except errors.LaunchError as e:  # the init refused to start the command
+            print(json.dumps({"status": "refused", "error": str(e)}))
+            return
     print(json.dumps({"exit_code": out.exit_code, "status": out.status, "error": out.error,
                       "stdout": (out.stdout or b"").decode(errors="replace"),
                       "stderr": (out.stderr or b"").decode(errors="replace"),

@@ -11,11 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
-from . import agent, egress, enforce, guard, host, repos, resolve, workspace
+from . import agent, audit, egress, enforce, guard, host, resolve, workspace
 from .bwrap import Sandbox
 from .diskimage import Image
 from .enforce import Limited
-from .errors import UsageError
+from .errors import CorralError, Interrupted, UsageError
 from .limits import Plan
 from .policy import Policy
 from .workspace import Change, RunDir
@@ -46,7 +46,8 @@ class Result:
     changes: tuple[Change, ...] = ()
     changes_truncated: bool = False
     denials: tuple[dict[str, Any], ...] = field(default=())
-    notes: tuple[str, ...] = ()  # what corral undid or noticed after the run
+    notes: tuple[str, ...] = ()  # what corral undid or noticed after the run, in words
+    audit: tuple[dict[str, str], ...] = ()  # the same, as data (see corral.audit.Action)
     unenforced_limits: tuple[str, ...] = ()  # requested, not enforceable here, allowed by name
     error: str | None = None  # status "error": corral lost sight of the run (one line)
 
@@ -67,7 +68,7 @@ class Result:
             "truncated": self.truncated, "workspace": self.workspace, "record": self.record,
             "run_id": self.run_id, "changes": [c.to_json() for c in self.changes],
             "changes_truncated": self.changes_truncated, "denials": list(self.denials),
-            "notes": list(self.notes),
+            "notes": list(self.notes), "audit": list(self.audit),
             "unenforced_limits": list(self.unenforced_limits), "error": self.error,
         }
 
@@ -186,26 +187,32 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
         image, disk_why = _stage(run_dir, policy, later, (uid, gid))
     sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
     before = {} if run_dir.fresh else workspace.snapshot(run_dir.workspace)
+    owner = (uid, gid) if facts.is_root else None
+    names = audit.protected_names(policy.protect)
+    census = audit.Census(((run_dir.workspace, owner),), names) if run_dir.fresh else \
+        audit.census_of_tree(run_dir.workspace, owner, names)
     record: dict[str, Any] = {
         "run_id": run_dir.run_id, "command": list(cmd), "profile": policy.name,
         "workspace": run_dir.workspace, "uid": uid, "gid": gid,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
     }
     workspace.write_record(run_dir.record_path, record)
+    actions: list[audit.Action] = []
     exported: dict[str, object] = {}
     try:
-        try:
-            limited, denials, record["egress_log"] = _execute(
-                sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace, run_dir.root,
-                capture, stdin, image, disk_why)
-        finally:
-            if image is not None:  # every exit path: the run's files land in RUNS/<id>/work
-                exported = enforce.release_image(image, run_dir.workspace)
+        with audit.audited(census, workspace.quarantine(run_dir.root), actions):
+            try:
+                limited, denials, record["egress_log"] = _execute(
+                    sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace,
+                    run_dir.root, capture, stdin, image, disk_why)
+            finally:  # every exit path: the run's files land in RUNS/<id>/work
+                if image is not None:
+                    exported = enforce.release_image(image, run_dir.workspace)
+            changes, cut = workspace.collect(run_dir.workspace, before)
     except BaseException as e:
-        _ended_badly(record, run_dir, before, exported, e)
-        raise
-    changes, cut = workspace.collect(run_dir.workspace, before)
-    result = _result(limited, denials, cg_plan, workspace=run_dir.workspace,
+        raise _unwound(e, {**record, **_left(run_dir, before), "limits": exported},
+                       run_dir.record_path, actions) from None
+    result = _result(limited, denials, cg_plan, actions, workspace=run_dir.workspace,
                      record=run_dir.record_path, run_id=run_dir.run_id,
                      changes=tuple(changes), changes_truncated=cut)
     record.update(result.to_json(), limits={**limited.record, **exported})
@@ -236,16 +243,36 @@ def _stage(run_dir: RunDir, policy: Policy, inputs: Sequence[str], owner: tuple[
     return image, why
 
 
-def _ended_badly(record: dict[str, Any], run_dir: RunDir, before: dict[str, Any],
-                 exported: dict[str, object], e: BaseException) -> None:
-    """The record of a run that raised (corral could not set it up) or was interrupted
-    (Ctrl-C, SIGTERM): what it left in its workspace is still listed."""
-    changes, cut = workspace.collect(run_dir.workspace, before)
-    record.update(status="error" if isinstance(e, Exception) else "interrupted",
-                  error=str(e) or type(e).__name__, changes=[c.to_json() for c in changes],
-                  changes_truncated=cut, limits=exported,
-                  ended=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    workspace.write_record(run_dir.record_path, record)
+def _left(run_dir: RunDir, before: dict[str, Any]) -> dict[str, Any]:
+    """For the record of a run that did not end normally: what it left in its workspace."""
+    try:
+        changes, cut = workspace.collect(run_dir.workspace, before)
+    except Exception as e:  # the record is still written; it says why the list is missing
+        return {"changes": [], "changes_error": str(e)}
+    return {"changes": [c.to_json() for c in changes], "changes_truncated": cut}
+
+
+def _unwound(e: BaseException, record: dict[str, Any], path: str | None,
+             actions: list[audit.Action]) -> BaseException:
+    """The exception to pass on after a run that did not end normally (audited by then):
+    the record says how it ended and what the audit did; a CorralError and an
+    interruption carry the audit's lines for the CLI to print."""
+    lines = tuple(a.line() for a in actions)
+    interrupted = isinstance(e, KeyboardInterrupt | Interrupted)
+    if path is not None:
+        workspace.write_record(path, {**record, "status": "interrupted" if interrupted
+                                      else "error", "error": str(e),
+                                      "audit": [a.to_json() for a in actions],
+                                      "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                             time.gmtime())})
+    if isinstance(e, KeyboardInterrupt):
+        return Interrupted(2, lines)
+    if isinstance(e, Interrupted | CorralError):
+        e.notes = lines
+    else:  # a bug in corral: its traceback shows what the audit did all the same
+        for line in lines:
+            e.add_note(f"corral: the audit after the failure: {line}")
+    return e
 
 
 def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
@@ -284,20 +311,25 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     if run_dir is not None:
         entry["run_id"] = run_dir.run_id
         workspace.write_record(run_dir.record_path, entry)
+    owner = (sb.uid, sb.gid) if facts.is_root else None
+    census = audit.census_of_findings(  # the user's trees; not corral's copy of the state
+        [(e.path, owner) for e in layout.writable if e.kind == "dir" and not e.source],
+        layout.findings, audit.protected_names(policy.protect))
+    quarantine = workspace.quarantine(
+        run_dir.root if run_dir else None, runs_dir or workspace.default_runs_dir(),
+        layout.project)
+    actions: list[audit.Action] = []
     try:
-        limited, denials, entry["egress_log"] = _execute(
-            sb, policy, facts, cg_plan, run_dir.run_id if run_dir else workspace.new_run_id(),
-            layout.project, run_dir.root if run_dir else None, capture, stdin)
-    except BaseException as e:  # interrupted (Ctrl-C, SIGTERM) too: the record says so
-        if run_dir is not None:
-            workspace.write_record(run_dir.record_path, {
-                **entry, "status": "error" if isinstance(e, Exception) else "interrupted",
-                "error": str(e) or type(e).__name__})
-        raise
-    result = _result(limited, denials, cg_plan, workspace=layout.project,
+        with audit.audited(census, quarantine, actions):
+            limited, denials, entry["egress_log"] = _execute(
+                sb, policy, facts, cg_plan,
+                run_dir.run_id if run_dir else workspace.new_run_id(), layout.project,
+                run_dir.root if run_dir else None, capture, stdin)
+    except BaseException as e:
+        raise _unwound(e, entry, run_dir.record_path if run_dir else None, actions) from None
+    result = _result(limited, denials, cg_plan, actions, workspace=layout.project,
                      record=run_dir.record_path if run_dir else "",
-                     run_id=run_dir.run_id if run_dir else "",
-                     notes=tuple(repos.audit(layout.findings)))
+                     run_id=run_dir.run_id if run_dir else "")
     if run_dir is not None:
         workspace.write_record(run_dir.record_path, {
             **entry, **result.to_json(), "limits": limited.record,
@@ -306,10 +338,11 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
 
 
 def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan,
-            **where: Any) -> Result:
+            actions: Sequence[audit.Action], **where: Any) -> Result:
     """The Result of a finished launch; ``where`` names its workspace, record and changes."""
     outcome, used = limited.outcome, limited.usage
     return Result(
+        notes=tuple(a.line() for a in actions), audit=tuple(a.to_json() for a in actions),
         exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
         wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
         peak_memory_bytes=None if used is None else used.peak_memory_bytes,

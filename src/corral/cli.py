@@ -12,12 +12,13 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from .errors import CorralError, UsageError
+from .errors import CorralError, Interrupted, UsageError
 
 SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
@@ -368,6 +369,7 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
         return 0
     result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
                      capture=args.json, env=env, runs_dir=args.runs_dir)
+    _warn(result.notes)
     if result.unenforced_limits:
         print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
               f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
@@ -411,36 +413,42 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if data["ready"] else 1
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where corral is, so that it tears the run down like Ctrl-C does."""
+def _warn(notes: Sequence[str]) -> None:
+    """What the audit did: one line each, on stderr."""
+    for note in notes:
+        print(f"corral: warning: {note}", file=sys.stderr)
 
 
-def _interrupted(signum: int, frame: object) -> None:
-    """The first Ctrl-C or SIGTERM ends the run through the usual teardown (the sandbox
-    killed, its workspace copied out, its record written); later ones wait for that."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+# Signals whose default is to end the process: they unwind like Ctrl-C.
+_STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGALRM)
 
 
-def _catch_interrupts() -> None:
-    import signal
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, _interrupted)
+def _stop(signum: int, frame: object) -> None:
+    """The first stopping signal ends the run through the usual teardown (the sandbox
+    killed, its workspace copied out of its image, audited, its record written); later
+    ones are ignored so that they cannot cut that teardown short."""
+    for sig in (signal.SIGINT, *_STOPPING):
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise Interrupted(signum)
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
     options, cmd = _split(argv)
     json_mode = "--json" in options
+    # Signals whose default is to end the process unwind like Ctrl-C: the sandbox is
+    # killed, the run audited and recorded, before corral exits 128+N (SIGKILL cannot be
+    # caught: see threat-model.md).
+    for sig in _STOPPING:
+        signal.signal(sig, _stop)
     try:
         verb = next((a for a in options if not a.startswith("-")), None)
         args = _parser(verb).parse_args(options)
         if args.verb in ("run", "agent", "shell"):
-            _catch_interrupts()
+            signal.signal(signal.SIGINT, _stop)  # a second Ctrl-C waits for the teardown
         if args.verb == "run":
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):
@@ -466,12 +474,22 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         code = _reader_gone()
     except CorralError as e:
+        _warn(e.notes)
         print(f"corral: error: {e}", file=sys.stderr)
         if json_mode:
-            print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e)}))
+            print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e),
+                              "notes": list(e.notes)}))
         code = SETUP_FAILED
-    except KeyboardInterrupt as e:
-        code = 128 + (15 if isinstance(e, Terminated) else 2)
+    except Interrupted as e:
+        _warn(e.notes)
+        print(f"corral: interrupted (signal {e.signum}): the sandbox was stopped",
+              file=sys.stderr)
+        code = 128 + e.signum
+        if json_mode:
+            print(json.dumps({"status": "interrupted", "exit_code": code,
+                              "signal": e.signum, "notes": list(e.notes)}))
+    except KeyboardInterrupt:
+        code = 130
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -12,6 +12,7 @@ corral's checkout or virtualenv.  In order, it:
     checks that every re-mount inside a writable tree sits where it should;
  3. with egress, starts the bridge (``/run/corral/bridge.py``): listening on
     127.0.0.1 *before* the fork, so the payload's first request never races it;
+    checks that it is the PID the seccomp filter protects, with one thread;
  4. forks; the child sets rlimits, applies Landlock, stacks the payload's own
     seccomp filter when the config has one (bwrap's filter already covers
     this whole process tree), moves the real stderr in place, closes every
@@ -223,6 +224,23 @@ def check_mounts(expected: list[list[Any]]) -> None:
                              "the project while the sandbox was being set up")
 
 
+def check_alone(expected: int | None) -> None:
+    """This process is PID ``expected`` of the sandbox and has one thread.
+
+    The seccomp filter lets the payload change limits and scheduling of any pid or
+    thread id but bwrap's PID 1 and this PID (corral.syscalls.CORRAL_PIDS): the kernel
+    checks only the uid, and a thread of ours under another id would be reachable.
+    """
+    if expected is None:
+        return
+    threads = len(os.listdir("/proc/self/task"))
+    if os.getpid() != expected or threads != 1:
+        raise SetupError(f"corral's init is PID {os.getpid()} with {threads} thread(s), not "
+                         f"PID {expected} with one; the seccomp filter keeps the payload away "
+                         "from that PID only, so it could change the init's limits; report "
+                         "this with 'bwrap --version', or pass --allow no-seccomp")
+
+
 def prefer_oom_kill() -> None:
     """Make the payload, not the init, the first to go when memory runs out.
 
@@ -334,6 +352,7 @@ def run(config_fd: int, argv: list[str]) -> int:
         check_mounts(cfg.get("expect_mounts", []))
         _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the payload may not read our fds
         bridge = start_bridge(cfg)
+        check_alone(cfg.get("pid"))
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
     except (SetupError, OSError) as e:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import bwrap, tty
+from . import bwrap, fsops, tty
 from .bwrap import Data, PathHandle, Sandbox
 from .errors import HostError, LaunchError
 
@@ -91,7 +91,7 @@ class Handles:
             if item.directory:
                 flags |= os.O_DIRECTORY
             try:
-                fd = os.open(item.path, flags)
+                fd = _open_handle(item.path, flags, item.no_links)
             except OSError as e:
                 raise LaunchError(f"cannot open {item.path} for binding", e.strerror or "",
                                   "check that it exists and is not a symlink") from None
@@ -110,6 +110,18 @@ class Handles:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._by_key.clear()
+
+
+def _open_handle(path: str, flags: int, no_links: bool) -> int:
+    """``path`` opened with ``flags``; with ``no_links``, from ``/`` without following a
+    link in any component (see corral.fsops): a swapped-in link fails, never leads out."""
+    if not no_links:
+        return os.open(path, flags)
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return fsops.open_beneath(root, path.lstrip("/"), flags)
+    finally:
+        os.close(root)
 
 
 def memfd(name: str, content: bytes) -> int:
