@@ -543,12 +543,20 @@ def test_the_program_prefix_shows_only_the_program(who: Identity, lab: Lab) -> N
         f"#!/bin/sh\ncat {cargo}/credentials.toml {cargo}/bin/* 2>/dev/null; echo RAN\n")
     (cargo / "bin" / "fakecargo").chmod(0o755)
     (cargo / "bin" / "sibling.token").write_text(lab.token)
+    # A code folder named like a credential file stays: node_modules/typebox/.../token/
+    (cargo / "lib" / "token").mkdir(parents=True)
+    (cargo / "lib" / "token" / "index.mjs").write_text("export const CODE = 1;\n")
+    (cargo / "lib" / "token.d").mkdir()
+    (cargo / "lib" / "token.d" / "token").write_text(lab.token)
     _own(lab, cargo)
     r = who.corral("shell", "--", str(cargo / "bin" / "fakecargo"), cwd=lab.project)
     assert r.returncode == 0 and "RAN" in r.stdout and lab.token not in r.stdout, r
     r = who.corral("shell", "--ro", str(cargo), "--", "/bin/sh", "-c",
                    f"cat {cargo}/credentials.toml; ls {cargo}", cwd=lab.project)
     assert lab.token not in r.stdout and "bin" in r.stdout, r  # hidden in --ro too
+    r = who.corral("shell", "--ro", str(cargo), "--", "/bin/sh", "-c",
+                   f"cat {cargo}/lib/token/index.mjs {cargo}/lib/token.d/token", cwd=lab.project)
+    assert "CODE = 1" in r.stdout and lab.token not in r.stdout, r
     ctl = naive(who, lab, f"{cargo}/bin/fakecargo")
     assert lab.token in ctl.stdout
     subprocess.run(["rm", "-rf", str(cargo)], check=True)

@@ -65,7 +65,8 @@ SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", ".env.dist",
 SECRET_DIRS = frozenset({".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure",
                          ".password-store"})
 # Inside read-only exceptions (a program's folder, --ro): credential files too, by names
-# that would be too broad inside a project ("credentials.py" is code there).
+# that would be too broad inside a project ("credentials.py" is code there).  Files only:
+# a program's folder holds code folders by these names (node_modules/typebox/.../token/).
 CREDENTIAL_GLOBS = ("credentials", "credentials.*", ".credentials*", "token", "*.token",
                     "tokens", "tokens.*", "*_token", "*-token", "auth.json", "*.age",
                     "hosts.yml", "*.kdbx")
@@ -222,15 +223,16 @@ def with_parents(findings: Sequence[Finding], scope: repos.Scope) -> list[Findin
 def secrets_in(path: str) -> list[Finding]:
     """Secret and credential names beneath the read-only folder ``path`` (outside every
     writable tree), to hide there too.  Fails closed past MAX_EXCEPTION entries."""
-    globs = (*SECRET_GLOBS, *CREDENTIAL_GLOBS)
     found = []
     with fsops.Tree(path) as tree:
         try:
             for here, entries in walk(tree, limit=MAX_EXCEPTION):
                 keep = []
                 for e in entries:
-                    secret = e.name in SECRET_DIRS or any(fnmatch.fnmatchcase(e.name, g)
-                                                          for g in globs)
+                    secret = (e.name in SECRET_DIRS
+                              or any(fnmatch.fnmatchcase(e.name, g) for g in SECRET_GLOBS)
+                              or (e.kind == "file" and any(fnmatch.fnmatchcase(e.name, g)
+                                                           for g in CREDENTIAL_GLOBS)))
                     if secret and e.kind in ("dir", "file"):
                         found.append(Finding(tree.path(join(here, e.name)), "hide", e.kind,
                                              "a credential inside a read-only exception"))
