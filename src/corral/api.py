@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
-from . import agent, audit, egress, enforce, guard, host, resolve, workspace
+from . import agent, audit, egress, enforce, fsops, guard, host, resolve, workspace
 from .bwrap import Sandbox
 from .diskimage import Image
 from .enforce import Limited
@@ -231,11 +231,9 @@ def _stage(run_dir: RunDir, policy: Policy, inputs: Sequence[str], owner: tuple[
     try:
         root = image.root() if image is not None else os.open(run_dir.workspace,
                                                               workspace.DIR_FLAGS)
-        try:
+        with fsops.Tree(run_dir.workspace, owner, root) as tree:
             for src in inputs:
-                workspace.copy_in(root, src, owner)
-        finally:
-            os.close(root)
+                workspace.copy_in(tree, src)
     except BaseException:
         if image is not None:
             image.close()
