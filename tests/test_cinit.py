@@ -153,7 +153,7 @@ def test_asked_for_and_not_built_fails_closed(tmp_path: Path, monkeypatch: pytes
 
 def test_the_joiner_starts_nothing_outside_the_cgroup(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled init's --join mode (corral.cgroups.RunCgroup.spawn): a move that fails
+    """The compiled init's --join mode (RunCgroup.join_prefix): a move that fails
     stops before the command; the control, with the cgroup in place, runs it inside."""
     need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
     need(os.geteuid() == 0, "root creates cgroups without delegation (the user's runs "
@@ -174,8 +174,9 @@ def test_the_joiner_starts_nothing_outside_the_cgroup(tmp_path: Path,
             if not present:
                 for d in cg.unique:
                     os.rmdir(d)
-            proc = cg.spawn(lambda preexec, prefix: subprocess.Popen(
-                [*prefix, *cmd], preexec_fn=preexec, stderr=subprocess.PIPE))
+            joiner = cinit.joiner()
+            assert joiner is not None
+            proc = subprocess.Popen([*cg.join_prefix(joiner), *cmd], stderr=subprocess.PIPE)
             _, err = proc.communicate(timeout=60)
         finally:
             cg.close()

@@ -29,7 +29,7 @@ import pwd
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from .errors import HostError
@@ -57,8 +57,7 @@ class Spawned(Protocol):
 
 
 P = TypeVar("P", bound=Spawned)
-# start(preexec, prefix): Popen ``[*prefix, *argv]`` with ``preexec_fn=preexec``.
-Start = Callable[[Callable[[], None] | None, Sequence[str]], P]
+Start = Callable[[Callable[[], None] | None], P]
 
 
 def _read(path: str) -> str | None:
@@ -209,23 +208,26 @@ class RunCgroup:
         if not ok:
             raise OSError(errno.EIO, f"wrote {value}, the kernel kept {got or 'nothing'}", path)
 
-    def spawn(self, start: Start[P]) -> P:
-        """Start bwrap inside the run's cgroups; ``start(preexec, prefix)`` does the Popen.
+    def _targets(self) -> list[bytes]:
+        return [os.fsencode(os.path.join(d, "tasks" if self.version == 1 else "cgroup.procs"))
+                for d in self.unique]
 
-        The child moves itself between fork and exec, so nothing of corral's
-        ever sits in the run's cgroups (where the OOM killer could pick it).
-        A failed move fails the child before exec: nothing starts unlimited.
-        With the compiled init built, the child is that binary's ``--join`` mode,
-        which moves itself and execs bwrap (a prefix of the argv): no preexec_fn,
-        so subprocess can vfork instead of forking the launcher (corral.cinit).
+    def join_prefix(self, joiner: str) -> list[str]:
+        """The argv prefix that starts a command inside the run's cgroups without a
+        preexec_fn: the compiled init's ``--join`` mode (corral.cinit.joiner) writes 0 into
+        each file, as :meth:`child_step` does, then execs the rest of the argv.  Without
+        a preexec_fn, subprocess can vfork instead of forking the whole launcher (about
+        5 ms a run here, bench/floor.py).  A failed move exits 125 before the exec."""
+        return [joiner, "--join", *map(os.fsdecode, self._targets()), "--"]
+
+    def child_step(self) -> Callable[[], None]:
+        """What bwrap's child runs between fork and exec to join the run's cgroups.
+
+        The child moves itself, so nothing of corral's ever sits in the run's
+        cgroups (where the OOM killer could pick it).  A failed move fails the
+        child before exec: nothing starts unlimited.
         """
-        targets = [os.fsencode(os.path.join(d, "tasks" if self.version == 1 else "cgroup.procs"))
-                   for d in self.unique]
-        from . import cinit
-
-        joiner = cinit.joiner()
-        if joiner is not None:
-            return start(None, [joiner, "--join", *map(os.fsdecode, targets), "--"])
+        targets = self._targets()
 
         def join() -> None:  # in the forked child: os calls only, paths made beforehand
             for path in targets:
@@ -235,8 +237,12 @@ class RunCgroup:
                 finally:
                     os.close(fd)
 
+        return join
+
+    def spawn(self, start: Start[P]) -> P:
+        """Start a process inside the run's cgroups; ``start(preexec)`` does the Popen."""
         try:
-            return start(join, ())
+            return start(self.child_step())
         except subprocess.SubprocessError as e:
             raise HostError("bwrap could not enter the run's cgroup", str(e),
                             "run 'corral doctor' to see what this host enforces") from None
