@@ -25,7 +25,7 @@ import pytest
 from conftest import Identity, processes_with, raw_bwrap
 from layer_tools import without
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 MiB = 1 << 20
 SYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.machine()]
 

@@ -19,7 +19,7 @@ import pytest
 from agent_lab import Lab
 from conftest import Identity, raw_bwrap
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("each_init")]
 MiB = 1 << 20
 
 
