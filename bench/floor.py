@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import write_section
 
 from corral import api, cgroups, cinit, host, launch
-from corral.policy import Policy
+from corral.policy import Limits, Policy
 from corral.profiles import load_profile
 
 SEED = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib",
@@ -125,7 +125,11 @@ class Variants:
         self.bwrap = self.facts.require_bwrap()
         self.base = str(base)
         self.runs = str(base / "runs")
-        self.shell = load_profile("shell")
+        self.shell = load_profile("shell")  # what `corral run -- /bin/true` gets
+        # The default policy with cgroup limits: memory and processes, no disk limit (as
+        # root, a disk limit gives the workspace a file system of its own: the shell
+        # profile's row shows that too).
+        self.limited = Policy(limits=Limits(memory_bytes=512 << 20, pids=64))
         self.cli_path = str(Path(sys.executable).with_name("corral"))
 
     def seed(self, cmd: list[str] = TRUE) -> None:
@@ -220,6 +224,8 @@ class Phases:
         w(api.audit, "census_of_tree", "census")
         w(api.workspace, "write_record", "record writes")
         w(api.workspace, "collect", "collect")
+        w(api, "_stage", "disk image: create, inputs")
+        w(api.enforce, "release_image", "disk image: copy out, release")
         w(cgroups.RunCgroup, "create", "cgroup create")
         w(cgroups.RunCgroup, "close", "cgroup read and remove")
         w(launch.Launch, "argv", "bwrap argv and memfds")
@@ -301,8 +307,10 @@ def one_run_table(v: Variants, runs: int, inits: list[str | None]) -> list[str]:
                     return fn()
             return go
         variants[f"bwrap, corral's argv with its init{tag}"] = v.corral_argv(False, which)
-        variants[f"corral.run, shell profile (cgroup){tag}"] = under(lambda: v.api(v.shell))
-        variants[f"corral.run, Policy() (no cgroup){tag}"] = under(lambda: v.api(Policy()))
+        variants[f"corral.run, Policy() (no limits){tag}"] = under(lambda: v.api(Policy()))
+        variants[f"corral.run, memory+pids (cgroup){tag}"] = under(lambda: v.api(v.limited))
+        variants[f"corral.run, shell profile (cgroup, disk){tag}"] = under(
+            lambda: v.api(v.shell))
         variants[f"corral run -- /bin/true (CLI){tag}"] = under(v.cli)
     got = interleave(variants, runs)
     floor = got["seed line, /bin/true (the floor)"]
@@ -317,9 +325,13 @@ def one_run_table(v: Variants, runs: int, inits: list[str | None]) -> list[str]:
 def pool_table(v: Variants, jobs: int, which: str | None) -> list[str]:
     lines = ["| work | seed-line pool runs/s | CPU ms/run | corral.run pool runs/s | "
              "CPU ms/run | ratio |", "|---|---:|---:|---:|---:|---:|"]
+    python = load_profile("python")
+    cases = (("/bin/true", TRUE, v.limited, "memory+pids"),
+             ("/bin/true", TRUE, v.shell, "shell profile"),
+             ("python3 -c 'print(1)'", PY1, v.limited, "memory+pids"),
+             ("python3 -c 'print(1)'", PY1, python, "python profile"))
     with init_env(which):
-        for name, cmd in (("/bin/true", TRUE), ("python3 -c 'print(1)'", PY1)):
-            policy = v.shell if cmd is TRUE else load_profile("python")
+        for name, cmd, policy, label in cases:
             v.api(policy, cmd)
             raws, ours = [], []
             for _ in range(3):  # interleaved thirds
@@ -327,8 +339,8 @@ def pool_table(v: Variants, jobs: int, which: str | None) -> list[str]:
                 ours.append(pool_rate(lambda c=cmd, p=policy: v.api(p, c), 4, jobs // 3))
             raw = statistics.median(r[0] for r in raws), statistics.median(r[1] for r in raws)
             our = statistics.median(r[0] for r in ours), statistics.median(r[1] for r in ours)
-            lines.append(f"| `{name}` | {raw[0]:.0f} | {raw[1] * 1e3:.1f} | {our[0]:.0f} | "
-                         f"{our[1] * 1e3:.1f} | {our[0] / raw[0]:.2f}x |")
+            lines.append(f"| `{name}`, {label} | {raw[0]:.0f} | {raw[1] * 1e3:.1f} | "
+                         f"{our[0]:.0f} | {our[1] * 1e3:.1f} | {our[0] / raw[0]:.2f}x |")
     return lines
 
 
@@ -388,11 +400,12 @@ def main() -> None:
                "### One run at a time, against the seed line", "",
                *one_run_table(v, args.runs, inits), ""]
         for which in inits:
-            with init_env(which), Phases() as ph:
-                for _ in range(args.runs):
-                    ph.one(lambda: v.api(v.shell))
-            out += [f"### Where corral.run spends its time (shell profile, "
-                    f"{which or 'default'} init)", "", *ph.table(), ""]
+            for label, policy in (("memory+pids", v.limited), ("shell profile", v.shell)):
+                with init_env(which), Phases() as ph:
+                    for _ in range(args.runs):
+                        ph.one(lambda p=policy: v.api(p))
+                out += [f"### Where corral.run spends its time ({label}, "
+                        f"{which or 'default'} init)", "", *ph.table(), ""]
         for which in inits:
             out += [f"### Pools of 4 threads ({args.jobs} runs each, {which or 'default'} init)",
                     "", *pool_table(v, args.jobs, which), ""]
