@@ -153,7 +153,7 @@ def test_asked_for_and_not_built_fails_closed(tmp_path: Path, monkeypatch: pytes
 
 def test_the_joiner_starts_nothing_outside_the_cgroup(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """The compiled init's --join mode (RunCgroup.join_prefix): a move that fails
+    """The compiled init's --join mode (cinit.join_prefix): a move that fails
     stops before the command; the control, with the cgroup in place, runs it inside."""
     need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
     need(os.geteuid() == 0, "root creates cgroups without delegation (the user's runs "
@@ -174,9 +174,9 @@ def test_the_joiner_starts_nothing_outside_the_cgroup(tmp_path: Path,
             if not present:
                 for d in cg.unique:
                     os.rmdir(d)
-            joiner = cinit.joiner()
-            assert joiner is not None
-            proc = subprocess.Popen([*cg.join_prefix(joiner), *cmd], stderr=subprocess.PIPE)
+            prefix = cinit.join_prefix(cg.join_files(), [])
+            assert prefix is not None
+            proc = subprocess.Popen([*prefix, *cmd], stderr=subprocess.PIPE)
             _, err = proc.communicate(timeout=60)
         finally:
             cg.close()
@@ -186,3 +186,24 @@ def test_the_joiner_starts_nothing_outside_the_cgroup(tmp_path: Path,
         else:
             assert proc.returncode == 125 and b"corral-join: cannot enter" in err, err
             assert not marker.exists()
+
+
+def test_the_joiner_makes_the_child_mounts_or_nothing_starts(who: Identity,
+                                                             readable_src: Path) -> None:
+    """--join's mount options (ChildMounts.joiner_args: a private namespace, a user
+    namespace of its own for a plain user, a bounded devpts) as root and as the user; a
+    step that fails stops before the command (the control of the success above it)."""
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    userns = [] if who.is_root else ["--userns", str(who.uid), str(who.gid)]
+    show = ["--", "/bin/sh", "-c", "echo ran; grep ' /dev/pts ' /proc/self/mountinfo"]
+    for options, ok in ((["newinstance,ptmxmode=0666,mode=0620,max=2"], True),
+                        (["newinstance,max=many"], False)):
+        binary = readable_src / "corral" / "init.bin"  # CI's checkout may be unreadable
+        r = who.run([str(binary), "--join", *userns, "--slave", "--devpts", *options, *show])
+        if ok:
+            assert r.returncode == 0 and "max=2" in r.stdout, r
+        else:
+            assert r.returncode == 125 and "ran" not in r.stdout, r
+            assert r.stderr.startswith("corral-join: mount devpts: "), r
+    # The host's own /dev/pts is untouched (the mount went into the private namespace).
+    assert "max=2" not in Path("/proc/self/mountinfo").read_text()

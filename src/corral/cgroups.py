@@ -212,13 +212,10 @@ class RunCgroup:
         return [os.fsencode(os.path.join(d, "tasks" if self.version == 1 else "cgroup.procs"))
                 for d in self.unique]
 
-    def join_prefix(self, joiner: str) -> list[str]:
-        """The argv prefix that starts a command inside the run's cgroups without a
-        preexec_fn: the compiled init's ``--join`` mode (corral.cinit.joiner) writes 0 into
-        each file, as :meth:`child_step` does, then execs the rest of the argv.  Without
-        a preexec_fn, subprocess can vfork instead of forking the whole launcher (about
-        5 ms a run here, bench/floor.py).  A failed move exits 125 before the exec."""
-        return [joiner, "--join", *map(os.fsdecode, self._targets()), "--"]
+    def join_files(self) -> list[str]:
+        """The files the compiled init's ``--join`` mode (corral.cinit.join_prefix) writes 0
+        into, as :meth:`child_step` does, before it execs bwrap."""
+        return [os.fsdecode(t) for t in self._targets()]
 
     def child_step(self) -> Callable[[], None]:
         """What bwrap's child runs between fork and exec to join the run's cgroups.

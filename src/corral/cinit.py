@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .errors import HostError, UsageError
 
-__all__ = ["BINARY", "available", "choice", "describe", "encode", "joiner"]
+__all__ = ["BINARY", "available", "choice", "describe", "encode", "join_prefix", "joiner"]
 
 BINARY = os.path.join(os.path.dirname(__file__), "init.bin")
 SOURCE = os.path.join(os.path.dirname(__file__), "init.c")
@@ -86,6 +86,15 @@ def describe() -> str:
     return (f"Python: the compiled init is not built, older than {SOURCE}, or not fit to run "
             "(mode a+rx, no group or other write, yours or root's, not on a noexec mount); "
             "'make setup' with a C compiler builds it")
+
+
+def join_prefix(files: Sequence[str], mount_args: Sequence[str]) -> list[str] | None:
+    """The argv prefix that starts bwrap through the compiled init's ``--join`` mode, which
+    writes 0 into each cgroup file of ``files``, makes the child mounts ``mount_args``
+    say (corral.mountns.ChildMounts.joiner_args), then execs the rest; None when the
+    compiled init cannot be used (then a Python preexec_fn does the same)."""
+    path = joiner()
+    return None if path is None else [path, "--join", *files, *mount_args, "--"]
 
 
 def joiner() -> str | None:

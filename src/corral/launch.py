@@ -144,8 +144,9 @@ def _translate(stderr: str, host_hint: str) -> LaunchError | HostError:
                          "unprivileged user namespaces are disabled or restricted here"
                          + host_hint,
                          "run 'corral doctor' for this host's cause and fix")
-    if text.startswith("corral-join: "):  # the compiled init's --join mode (corral.cgroups)
-        return HostError("bwrap could not enter the run's cgroup", text.split(": ", 1)[1],
+    if text.startswith("corral-join: "):  # the compiled init's --join mode (corral.cinit)
+        return HostError("bwrap could not be started inside the run's cgroup and mounts",
+                         text.split(": ", 1)[1],
                          "run 'corral doctor' to see what this host enforces")
     if "make / slave" in text:
         return HostError(f"bwrap could not set up mounts ({text})",
@@ -250,11 +251,12 @@ class Launch:
                 self._close(stderr_fd)
                 stderr_fd = pty_err
         argv, keep = self.argv(status_w, json_w, stderr_fd)
-        def popen(preexec: Callable[[], None] | None, prefix: Sequence[str] = ()
-                  ) -> subprocess.Popen[bytes]:
+        def popen(preexec: Callable[[], None] | None, prefix: Sequence[str] = (),
+                  more_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
             return subprocess.Popen(
-                [*prefix, *argv], stdin=stdin, stdout=stdout, stderr=err_w, pass_fds=keep,
-                close_fds=True, env={}, cwd="/", restore_signals=True, preexec_fn=preexec)
+                [*prefix, *argv], stdin=stdin, stdout=stdout, stderr=err_w,
+                pass_fds=[*keep, *more_fds], close_fds=True, env={}, cwd="/",
+                restore_signals=True, preexec_fn=preexec)
 
         self.started_at = time.monotonic()
         try:
@@ -273,32 +275,36 @@ class Launch:
         if self.terminal is not None:
             self.terminal.started(self._freezer())
 
-    def _spawn(self, popen: Callable[[Callable[[], None] | None, Sequence[str]],
+    def _spawn(self, popen: Callable[[Callable[[], None] | None, Sequence[str], Sequence[int]],
                                      subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
         """Start bwrap; its child first joins the run's cgroups, then makes its mounts.
 
         Both happen between fork and exec, in the child alone (see corral.cgroups and
         corral.mountns); a failed step fails the child before exec, so nothing starts
-        unlimited or without its mounts.  With only cgroups to join and the compiled
-        init built, its ``--join`` mode does it instead (RunCgroup.join_prefix): no
-        preexec_fn, so the launcher is not forked.
+        unlimited or without its mounts.  With the compiled init built, its ``--join``
+        mode does both and then execs bwrap (corral.cinit.join_prefix): no Python
+        preexec_fn, so subprocess can vfork instead of forking the launcher.
         """
         mounts = self._child_mounts()
-        wants_mounts = mounts is not None and mounts.wanted
-        if self.cgroup is not None and not wants_mounts and (joiner := cinit.joiner()):
-            return popen(None, self.cgroup.join_prefix(joiner))
+        if mounts is not None and not mounts.wanted:
+            mounts = None
+        if self.cgroup is None and mounts is None:
+            return popen(None, (), ())
+        mount_args, mount_fds = mounts.joiner_args() if mounts is not None else ([], [])
+        files = self.cgroup.join_files() if self.cgroup is not None else []
+        prefix = cinit.join_prefix(files, mount_args)
+        if prefix is not None:
+            return popen(None, prefix, mount_fds)
         steps = [self.cgroup.child_step()] if self.cgroup is not None else []
-        if mounts is not None and wants_mounts:
+        if mounts is not None:
             steps.append(mounts.step)
-        if not steps:
-            return popen(None, ())
 
         def child() -> None:
             for step in steps:
                 step()
 
         try:
-            return popen(child, ())
+            return popen(child, (), ())
         except subprocess.SubprocessError as e:
             raise HostError("bwrap could not be started inside the run's cgroup and mounts",
                             str(e), "run 'corral doctor' to see what this host enforces"

@@ -151,6 +151,20 @@ class ChildMounts:
     def wanted(self) -> bool:
         return bool(self.moves) or self.devpts is not None
 
+    def joiner_args(self) -> tuple[list[str], list[int]]:
+        """:meth:`step` as options of the compiled init's ``--join`` mode (corral.cinit),
+        in the same order, and the descriptors it must inherit (the detached mounts,
+        which it closes once they are moved: bwrap never holds them)."""
+        args: list[str] = []
+        if self.own_userns:
+            args += ["--userns", str(os.getuid()), str(os.getgid())]
+        args.append("--slave")
+        for mount_fd, target in self.moves:
+            args += ["--move", str(mount_fd), os.fsdecode(target)]
+        if self.devpts is not None:
+            args += ["--devpts", self.devpts.decode()]
+        return args, [fd for fd, _ in self.moves]
+
     def step(self) -> None:
         """In the forked child: raises OSError, which fails the child before exec."""
         libc = _libc()
