@@ -45,6 +45,7 @@ check: setup
 bench: setup
 	$(BIN)/python -m compileall -q src/corral
 	$(BIN)/python bench/launch.py --write
+	$(BIN)/python bench/floor.py --write
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/egress.py --write
 	$(BIN)/python bench/seccomp.py
