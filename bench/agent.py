@@ -46,17 +46,24 @@ def interleaved(cases: dict[str, Callable[[], float]], runs: int) -> dict[str, l
     return times
 
 
+def make_project(prefix: str) -> tuple[Path, Path, Path]:
+    """A scratch base with a home and a project in it (owned by nobody as root: corral
+    runs an agent as the project's owner, never as root)."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir="/var/tmp"))
+    home, project = base / "home", base / "home" / "dev" / "proj"
+    project.mkdir(parents=True)
+    (project / "README.md").write_text("bench\n")
+    if os.geteuid() == 0:
+        for p in [base, *base.rglob("*")]:
+            os.chown(p, 65534, 65534)
+    return base, home, project
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs", type=int, default=30)
     args = parser.parse_args()
-    base = Path(tempfile.mkdtemp(prefix="corral-bench-agent-", dir="/var/tmp"))
-    home, project = base / "home", base / "home" / "dev" / "proj"
-    project.mkdir(parents=True)
-    (project / "README.md").write_text("bench\n")
-    if os.geteuid() == 0:  # corral runs an agent as the project's owner, never as root
-        for p in [base, *base.rglob("*")]:
-            os.chown(p, 65534, 65534)
+    base, home, project = make_project("corral-bench-agent-")
     env = {**os.environ, "HOME": str(home)}
     # The console script, as users start it (python -m corral would add runpy's cost).
     corral = [str(Path(sys.executable).with_name("corral")), "agent", "--home", str(home)]

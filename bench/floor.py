@@ -214,22 +214,22 @@ class Phases:
         self.now.setdefault("@" + name, time.perf_counter())
 
     def __enter__(self) -> Phases:
-        w = self.wrap
-        w(api.host, "detect", "host facts")
-        w(api.enforce, "check", "policy checks (limits plan)")
-        w(api, "_check_network", "policy checks (network)")
-        w(api, "prepare", "run directory")
-        w(api.resolve, "resolve_run", "resolve")
-        w(api.audit, "Census", "census")
-        w(api.audit, "census_of_tree", "census")
-        w(api.workspace, "write_record", "record writes")
-        w(api.workspace, "collect", "collect")
-        w(api, "_stage", "disk image: create, inputs")
-        w(api.enforce, "release_image", "disk image: copy out, release")
-        w(cgroups.RunCgroup, "create", "cgroup create")
-        w(cgroups.RunCgroup, "close", "cgroup read and remove")
-        w(launch.Launch, "argv", "bwrap argv and memfds")
-        w(launch.Launch, "start", "spawn bwrap (includes argv, cgroup join)")
+        for owner, attr, name in (
+                (api.host, "detect", "host facts"),
+                (api.enforce, "check", "policy checks (limits plan)"),
+                (api, "_check_network", "policy checks (network)"),
+                (api, "prepare", "run directory"),
+                (api.resolve, "resolve_run", "resolve"),
+                (api.audit, "Census", "census"), (api.audit, "census_of_tree", "census"),
+                (api.workspace, "write_record", "record writes"),
+                (api.workspace, "collect", "collect"),
+                (api, "_stage", "disk image: create, inputs"),
+                (api.enforce, "release_image", "disk image: copy out, release"),
+                (cgroups.RunCgroup, "create", "cgroup create"),
+                (cgroups.RunCgroup, "close", "cgroup read and remove"),
+                (launch.Launch, "argv", "bwrap argv and memfds"),
+                (launch.Launch, "start", "spawn bwrap (includes argv, cgroup join)")):
+            self.wrap(owner, attr, name)
         real_adopt, real_events = launch.Launch._adopt_pid1, launch.Launch._events
         phases = self
 
@@ -245,7 +245,7 @@ class Phases:
         launch.Launch._events = events  # type: ignore[method-assign]
         self._undo += [lambda: setattr(launch.Launch, "_adopt_pid1", real_adopt),
                        lambda: setattr(launch.Launch, "_events", real_events)]
-        w(launch.Launch, "supervise", "supervise")
+        self.wrap(launch.Launch, "supervise", "supervise")
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -346,15 +346,9 @@ def pool_table(v: Variants, jobs: int, which: str | None) -> list[str]:
 
 def agent_table(runs: int, which: str | None) -> list[str]:
     """corral agent start-up against srt, interleaved (bench/agent.py's cases)."""
-    from agent import interleaved, timed
+    from agent import interleaved, make_project, timed
 
-    base = Path(tempfile.mkdtemp(prefix="corral-floor-agent-", dir="/var/tmp"))
-    home, project = base / "home", base / "home" / "dev" / "proj"
-    project.mkdir(parents=True)
-    (project / "README.md").write_text("bench\n")
-    if os.geteuid() == 0:  # corral runs an agent as the project's owner, never as root
-        for p in [base, *base.rglob("*")]:
-            os.chown(p, 65534, 65534)
+    base, home, project = make_project("corral-floor-agent-")
     env = {**os.environ, "HOME": str(home), **({"CORRAL_INIT": which} if which else {})}
     corral = [str(Path(sys.executable).with_name("corral")), "agent", "--home", str(home)]
     cases: dict[str, Callable[[], float]] = {
