@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 INIT   := src/corral/init.bin
+INIT_C := src/corral/init.c src/corral/init_config.c src/corral/init_bridge.c src/corral/init_join.c
 
 .PHONY: setup system demo test test-agents check bench clean
 
@@ -13,8 +14,8 @@ setup: system $(VENV)/.installed $(INIT)
 
 # corral's compiled init (src/corral/cinit.py), with the system's C compiler; without one,
 # scripts/build-init says so and runs use the Python init (same checks, slower start).
-$(INIT): src/corral/init.c scripts/build-init
-	@scripts/build-init $@ src/corral/init.c
+$(INIT): $(INIT_C) src/corral/init.h scripts/build-init
+	@scripts/build-init $@ $(INIT_C)
 
 system:
 	@PYTHON=$(PYTHON) scripts/ensure-system

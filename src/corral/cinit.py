@@ -31,7 +31,9 @@ from .errors import HostError, UsageError
 __all__ = ["BINARY", "available", "choice", "describe", "encode", "join_prefix", "joiner"]
 
 BINARY = os.path.join(os.path.dirname(__file__), "init.bin")
-SOURCE = os.path.join(os.path.dirname(__file__), "init.c")
+SOURCE = os.path.join(os.path.dirname(__file__), "init.c")  # and its parts: SOURCES
+SOURCES = tuple(os.path.join(os.path.dirname(__file__), name) for name in (
+    "init.c", "init.h", "init_config.c", "init_bridge.c", "init_join.c"))
 CHOICES = ("auto", "c", "python")
 PLAIN = ("status_fd", "stderr_fd", "tty", "uid", "gid", "pid")  # integers, or absent as None
 
@@ -51,9 +53,10 @@ def available() -> bool:
     fit = (stat.S_ISREG(st.st_mode) and st.st_mode & 0o555 == 0o555
            and not st.st_mode & 0o022 and st.st_uid in (0, os.geteuid()) and not noexec)
     try:
-        return fit and st.st_mtime >= os.stat(SOURCE).st_mtime
+        newest = max(os.stat(path).st_mtime for path in SOURCES)
     except OSError:  # an installed package without the source: the binary is what shipped
         return fit
+    return fit and st.st_mtime >= newest
 
 
 def choice() -> str:
