@@ -207,3 +207,21 @@ def test_the_joiner_makes_the_child_mounts_or_nothing_starts(who: Identity,
             assert r.stderr.startswith("corral-join: mount devpts: "), r
     # The host's own /dev/pts is untouched (the mount went into the private namespace).
     assert "max=2" not in Path("/proc/self/mountinfo").read_text()
+
+
+def test_without_a_compiler_the_build_says_so_and_runs_fall_back(tmp_path: Path) -> None:
+    """scripts/build-init with no C compiler: a note, success, no binary (so `make setup`
+    goes on, and cinit.available() is False: runs use inner.py, and say so in the record,
+    as test_asked_for_and_not_built_fails_closed shows).  Control: with cc it builds."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build-init"
+    sources = [str(Path(cinit.SOURCE).with_name(n)) for n in
+               ("init.c", "init_config.c", "init_bridge.c", "init_join.c")]
+    out = tmp_path / "init.bin"
+    r = subprocess.run([str(script), str(out), *sources], env={"PATH": "/usr/bin:/bin",
+                       "CC": "no-such-cc"}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "no C compiler" in r.stderr and not out.exists(), r
+    need(subprocess.run(["sh", "-c", "command -v cc"], capture_output=True).returncode == 0,
+         "a C compiler (the control builds the init)")
+    r = subprocess.run([str(script), str(out), *sources], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and out.stat().st_mode & 0o111, r
