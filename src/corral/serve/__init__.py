@@ -57,6 +57,9 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-body", default="32M", metavar="SIZE", help="one request's body")
     s.add_argument("--allow-domain", metavar="NAME", action="append", default=[],
                    help="a name requests may ask to reach (repeatable; default: none)")
+    s.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                   help="bound to loopback, also answer requests naming NAME in Host and "
+                   "Origin (a reverse proxy's name; repeatable)")
     s.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
 
 
@@ -83,7 +86,8 @@ def main(args: argparse.Namespace) -> int:
                     else default_workers(), queue=int(args.queue) if args.queue.isdigit()
                     else -1, token=token, caps=caps,
                     max_body=parse_size(args.max_body, "--max-body"),
-                    allow_domains=tuple(args.allow_domain), runs_dir=args.runs_dir)
+                    allow_domains=tuple(args.allow_domain),
+                    allow_hosts=tuple(args.allow_host), runs_dir=args.runs_dir)
     print(f"corral: serving on http://{args.host}:{config.port} "
           f"({config.workers} at once, {config.queue} queued)", file=sys.stderr, flush=True)
     serve(config)

@@ -10,6 +10,11 @@ Routes:
 ``GET /metrics``       runs, failures, statuses, queue depth, latency percentiles
 =====================  =======================================================================
 
+Bound to loopback, a request must name a loopback host (``Host``) and, when a browser sent it,
+come from a loopback page (``Origin``): otherwise any web page the user visits could post to
+the server, blindly (CSRF with a ``text/plain`` body) or reading the answers (DNS rebinding).
+``--allow-host NAME`` adds a name (a reverse proxy's).
+
 Every request is parsed and checked before it is admitted; a bad one is a 400 with a
 ``{"error": reason}`` body.  Admission counts runs: at most ``workers`` run at once and at most
 ``queue`` more wait; beyond that a 429 with ``Retry-After``, and nothing runs.  Runs go to a
@@ -23,6 +28,7 @@ import functools
 import hmac
 import json
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -31,7 +37,7 @@ from ..engines.local import run_safely
 from ..errors import UsageError
 from ..request import RunRequest
 from ..result import RunResult
-from .config import Config, cap_request
+from .config import LOOPBACK, Config, cap_request
 from .fusion import fusion_response, request_from_fusion
 from .metrics import Metrics
 
@@ -92,6 +98,7 @@ class App:
                 known = any(path == scope["path"] for _, path in self.routes)
                 raise HTTPError(405 if known else 404,
                                 "method not allowed" if known else "no such route")
+            self._check_host(scope)
             if scope["path"] != "/healthz":
                 self._authorize(scope)
             status, body = await route(await self._body(receive))
@@ -104,6 +111,22 @@ class App:
             (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
             *headers]})
         await send({"type": "http.response.body", "body": data})
+
+    def _check_host(self, scope: dict[str, Any]) -> None:
+        """Bound to loopback: refuse what a browser sends from another site (DNS rebinding
+        gives a foreign Host; a cross-site post carries the page's Origin)."""
+        if self.config.host not in LOOPBACK:
+            return  # a token is required there, and no page can send it
+        names = {"127.0.0.1", "localhost", "::1", *self.config.allow_hosts}
+        headers = dict(scope["headers"])
+        host = _host_name(headers.get(b"host", b"").decode("latin-1"))
+        if host not in names:
+            raise HTTPError(421, f"the Host {host!r} is not this server's; it answers "
+                            "127.0.0.1, localhost and names given with --allow-host")
+        origin = headers.get(b"origin")
+        if origin is not None and _origin_name(origin.decode("latin-1")) not in names:
+            raise HTTPError(403, "requests from web pages of other sites are refused "
+                            "(Origin); call the server from a program, not a browser")
 
     def _authorize(self, scope: dict[str, Any]) -> None:
         token = self.config.token
@@ -187,3 +210,17 @@ class App:
 
     async def metrics_json(self, body: bytes) -> Reply:
         return 200, self.metrics.to_json(self.in_flight, self.config.workers)
+
+
+def _host_name(value: str) -> str:
+    """The name of a ``Host`` value (``name``, ``name:port``, ``[v6]:port``), lowercased."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1:].partition("]")[0]
+    return value.rpartition(":")[0] if value.count(":") == 1 else value
+
+
+def _origin_name(value: str) -> str | None:
+    """The host of an ``Origin`` (``null`` and other schemes have none)."""
+    parts = urllib.parse.urlsplit(value.strip())
+    return parts.hostname if parts.scheme in ("http", "https") else None

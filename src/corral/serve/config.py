@@ -45,6 +45,7 @@ class Config:
     caps: Caps = field(default_factory=Caps)
     max_body: int = 32 << 20  # bytes of one request body
     allow_domains: tuple[str, ...] = ()  # the only names a request may ask to reach
+    allow_hosts: tuple[str, ...] = ()  # names accepted in Host and Origin besides loopback's
     runs_dir: str | None = None
 
     def __post_init__(self) -> None:
@@ -55,6 +56,12 @@ class Config:
         if self.token is not None and len(self.token) < MIN_TOKEN:
             raise UsageError("the token is too short", f"it needs at least {MIN_TOKEN} "
                              "characters", "generate one: head -c 32 /dev/urandom | base64")
+        if any(not name or name != name.strip().lower() or "/" in name
+               for name in self.allow_hosts):
+            raise UsageError(f"--allow-host {self.allow_hosts!r} is not a list of host names",
+                             "each is a name or address as clients put it in Host, in "
+                             "lower case, without a port", "write it like --allow-host "
+                             "sandbox.internal")
         if self.workers < 1 or self.queue < 0:
             raise UsageError("--workers must be at least 1 and --queue at least 0", "", "")
 
