@@ -142,3 +142,47 @@ def test_web_pages_of_other_sites_cannot_use_a_loopback_server(who: Identity,
         assert s.get("/metrics")[1]["runs"] == 2
     finally:
         s.stop()
+
+
+# --- bad input is one line, never a traceback -----------------------------------------------
+
+# Each hostile body and its honest twin: JSON's non-finite numbers (Python's parser takes NaN
+# and Infinity; 1e999 is infinite) and lone surrogates ("\ud800" is valid JSON, no valid
+# text) were a 500 with a traceback in the server's log, or a run failed as "a bug in corral".
+HOSTILE_BODIES = [
+    ("/v1/runs", '{"command": ["/bin/true"], "limits": {"cpus": Infinity}}', "1"),
+    ("/v1/runs", '{"command": ["/bin/true"], "limits": {"cpus": 1e999}}', "1"),
+    ("/v1/runs", '{"command": ["/bin/true"], "limits": {"timeout": NaN}}', "5"),
+    ("/v1/runs", '{"command": ["/bin/echo", "\\ud800"]}', "\\u00e9"),
+    ("/v1/runs", '{"command": ["/bin/true"], "files": {"\\ud800": "x"}}', "\\u00e9"),
+    ("/v1/runs", '{"command": ["/bin/true"], "env": {"K": "\\udfff"}}', "\\u00e9"),
+    ("/run_code", '{"code": "print(1)", "language": "python", "run_timeout": Infinity}', "5"),
+    ("/run_code", '{"code": "\\ud800", "language": "python"}', "\\u00e9"),
+]
+
+
+def test_hostile_json_is_a_400_with_one_line_and_no_traceback(who: Identity,
+                                                               serve_extra: Path) -> None:
+    s = Server(who, serve_extra)
+    try:
+        for path, body, _ in HOSTILE_BODIES:
+            status, reply, _ = s.post(path, None, raw=body.encode())
+            assert status == 400 and "\n" not in reply["error"], (body, reply)
+        status, reply, _ = s.post("/v1/runs", None, raw=b"[" * 100_000)
+        assert status == 400, reply
+        # stdin is bytes: a lone surrogate in its string form is a byte sequence, as in
+        # /v1/runs (it was a 500 on /run_code).
+        status, reply, _ = s.post("/run_code", None, raw=b'{"code": "import sys; print('
+                                  b'len(sys.stdin.buffer.read()))", "language": "python", '
+                                  b'"stdin": "\\ud800"}')
+        assert status == 200 and reply["run_result"]["stdout"] == "3\n", reply
+        # The control: each body with its hostile value replaced runs.
+        for path, body, honest in HOSTILE_BODIES:
+            for bad in ("Infinity", "1e999", "NaN", "\\ud800", "\\udfff"):
+                body = body.replace(bad, honest)
+            status, reply, _ = s.post(path, None, raw=body.encode())
+            assert status == 200, (body, reply)
+    finally:
+        s.stop()
+    log = (who.tmp / f"serve-{s.port}.log").read_text()
+    assert "Traceback" not in log, log

@@ -26,7 +26,7 @@ from typing import IO, Any
 
 from .engines import Engine
 from .errors import UsageError
-from .request import RunRequest
+from .request import RunRequest, parse_json
 from .result import RunResult
 
 __all__ = ["Results", "Tally", "add_arguments", "jobs", "main", "run_batch"]
@@ -43,7 +43,7 @@ def _id_of(data: Any, number: int) -> str:
 def parse_line(line: bytes, number: int) -> RunRequest | RunResult:
     """A request, or the ``invalid`` result that says why the line is not one."""
     try:
-        data = json.loads(line)
+        data = parse_json(line)
     except (ValueError, RecursionError) as e:
         return RunResult.refused(f"line-{number}", "invalid", f"line {number} is not JSON; {e}")
     try:

@@ -27,6 +27,7 @@ import asyncio
 import functools
 import hmac
 import json
+import sys
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -35,7 +36,7 @@ from typing import Any
 
 from ..engines.local import run_safely
 from ..errors import UsageError
-from ..request import RunRequest
+from ..request import RunRequest, parse_json
 from ..result import RunResult
 from .config import LOOPBACK, Config, cap_request
 from .fusion import fusion_response, request_from_fusion
@@ -106,6 +107,11 @@ class App:
             status, body, headers = e.status, {"error": e.reason}, e.headers
             if e.status == 400:
                 self.metrics.bad += 1
+        except Exception as e:  # a bug in corral: one line for the client and the log
+            reason = " ".join(f"corral failed: {type(e).__name__}: {e}".split())[:500]
+            print(f"corral: serve: error: {scope['path']}: {reason}", file=sys.stderr,
+                  flush=True)
+            status, body = 500, {"error": f"{reason}; this is a bug in corral, please report it"}
         data = json.dumps(body).encode()
         await send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
@@ -155,7 +161,7 @@ class App:
     @staticmethod
     def _json(body: bytes) -> Any:
         try:
-            return json.loads(body)
+            return parse_json(body)
         except (ValueError, RecursionError) as e:
             raise HTTPError(400, f"the body is not JSON; {e}") from None
 
