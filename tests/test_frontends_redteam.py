@@ -186,3 +186,49 @@ def test_hostile_json_is_a_400_with_one_line_and_no_traceback(who: Identity,
         s.stop()
     log = (who.tmp / f"serve-{s.port}.log").read_text()
     assert "Traceback" not in log, log
+
+
+# --- corral batch: every job one result -----------------------------------------------------
+
+BATCH_RUNNER = """
+import json, sys
+from corral import batch
+from corral.engines.local import LocalPool
+if sys.argv[1] == "unprotected":  # the control: any line may take any line-N id
+    batch.foreign_line_id = lambda given, number: False
+jobs, out, runs = sys.argv[2:]
+batch.run_batch(jobs, out, LocalPool(2, runs_dir=runs, keep=True), quiet=True)
+"""
+
+
+def _batch(who: Identity, jobs: list[dict[str, Any]], mode: str) -> dict[str, dict[str, Any]]:
+    name = f"jobs-{mode}"
+    path = who.tmp / f"{name}.jsonl"
+    path.write_text("".join(json.dumps(j) + "\n" for j in jobs))
+    path.chmod(0o644)
+    out, runs = who.tmp / f"{name}-out.jsonl", who.tmp / f"{name}-runs"
+    proc = subprocess.run([*who.prefix(), "-c", BATCH_RUNNER, mode, str(path), str(out),
+                           str(runs)], env=who.environ(), cwd=who.tmp, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len({r["id"] for r in lines}) == len(lines), lines
+    return {r["id"]: r for r in lines}
+
+
+def test_a_job_named_like_another_lines_default_id_loses_no_result(who: Identity) -> None:
+    """Line 1 named itself "line-3", the id corral gives line 3 when it has none: line 3 was
+    then "invalid, repeats the id" under that same id, and line 1's own result, written
+    after, was dropped as a second result for it (and --resume would never run either)."""
+    slow = {"id": "line-3", "command": ["/bin/sh", "-c", "sleep 2; echo one"]}
+    jobs = [slow, {"command": ["/bin/echo", "two"]}, {"command": ["/bin/echo", "three"]}]
+    got = _batch(who, jobs, "protected")
+    assert set(got) == {"line-1", "line-2", "line-3"}, got
+    assert got["line-1"]["status"] == "invalid" and "line-3" in got["line-1"]["error"]
+    assert got["line-3"]["run"]["stdout"] == "three\n"
+    # An id naming its own line is fine.
+    assert _batch(who, [{**slow, "id": "line-1"}], "own")["line-1"]["status"] == "exited"
+    # The control: without the rule, line 1 ran and its result is gone; line 3 never ran.
+    got = _batch(who, jobs, "unprotected")
+    assert got["line-3"]["status"] == "invalid" and len(got) == 2, got
+    assert not [r for r in got.values() if r["run"] and r["run"]["stdout"] == "one\n"]
