@@ -8,18 +8,32 @@ Run as root and as the test user.  Traffic goes only to servers these tests star
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
+import importlib.util
 import json
+import os
+import resource
+import signal
+import socket
 import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from conftest import Identity
-from test_serve import Server, serve_extra
+from conftest import Identity, need, processes_with
+from mcp_util import environ as mcp_environ
+from mcp_util import sdk
+from test_serve import Server, free_port, serve_extra
 
-__all__ = ["serve_extra"]  # the fixture, imported for pytest
+__all__ = ["sdk", "serve_extra"]  # the fixtures, imported for pytest
 
 pytestmark = pytest.mark.sandbox
 
@@ -232,3 +246,216 @@ def test_a_job_named_like_another_lines_default_id_loses_no_result(who: Identity
     got = _batch(who, jobs, "unprotected")
     assert got["line-3"]["status"] == "invalid" and len(got) == 2, got
     assert not [r for r in got.values() if r["run"] and r["run"]["stdout"] == "one\n"]
+
+
+# --- slow and idle HTTP clients -------------------------------------------------------------
+
+# uvicorn with corral.httpguard's protocol and tight bounds, serving an app that answers a
+# small body for any request and 8 MiB for /big; the control serves plain uvicorn h11.
+GUARD_RUNNER = """
+import asyncio, sys, uvicorn
+from corral import httpguard
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    body = b"x" * (8 << 20) if scope["path"] == "/big" else b"ok"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+http = httpguard.protocol(head_s=1, body_s=2, send_s=2, max_waiting=8) \\
+    if sys.argv[1] == "guarded" else "h11"
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), http=http, log_level="error",
+            lifespan="off")
+"""
+
+
+def _guard_server(who: Identity, serve_extra: Path, mode: str) -> tuple[subprocess.Popen[str],
+                                                                        int]:
+    port = free_port()
+    path = f"{who.src}:{serve_extra}" if who.src else str(serve_extra)
+    proc = subprocess.Popen([*who.prefix(), "-c", GUARD_RUNNER, mode, str(port)],
+                            env=who.environ({"PYTHONPATH": path}), cwd=who.tmp, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not _answered(port):
+        assert proc.poll() is None and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.1)
+    return proc, port
+
+
+def _answered(port: int, path: str = "/") -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
+            return s.recv(100).startswith(b"HTTP/1.1 200")
+    except OSError:
+        return False
+
+
+def _connections(pid: int) -> int:
+    """Sockets the server process holds (its connections, and a few of its own)."""
+    fds = os.listdir(f"/proc/{pid}/fd")
+    return sum(os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+               for fd in fds if os.path.exists(f"/proc/{pid}/fd/{fd}"))
+
+
+def _eventually(check: Any, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _slow_clients(port: int) -> dict[str, socket.socket]:
+    def half(data: bytes) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(data)
+        return s
+
+    clients = {
+        "half head": half(b"POST / HTTP/1.1\r\nHost: 127.0.0.1\r\n"),
+        "half body": half(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n12345"),
+        "non-reader": half(b"GET /big HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"),
+    }
+    clients["non-reader"].setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    return clients
+
+
+def test_slow_and_idle_clients_are_bounded(who: Identity, serve_extra: Path) -> None:
+    """A half-sent head, a half-sent body and an unread 8 MiB answer each held their
+    connection (and the answer's memory) for ever; idle connections only ever accumulated."""
+    _slow_and_idle(who, serve_extra, "guarded")
+    _slow_and_idle(who, serve_extra, "plain")  # the control: plain uvicorn keeps them all
+
+
+def _slow_and_idle(who: Identity, serve_extra: Path, mode: str) -> None:
+    proc, port = _guard_server(who, serve_extra, mode)
+    clients: list[socket.socket] = []
+    try:
+        time.sleep(1)  # the server has let go of the connection that saw it start
+        own = _connections(proc.pid)
+        clients += _slow_clients(port).values()
+        clients += [socket.create_connection(("127.0.0.1", port), timeout=10)
+                    for _ in range(20)]
+        if mode == "plain":
+            time.sleep(5)
+            assert _connections(proc.pid) == own + len(clients)
+            return
+        # Each bound is 1 or 2 s, and 8 may wait at once.
+        assert _eventually(lambda: _connections(proc.pid) <= own + 8)
+        assert _answered(port), "a client that sends its request at once is answered"
+        for s in clients[3:]:
+            s.close()
+        assert _eventually(lambda: _connections(proc.pid) <= own), "the slow ones went"
+    finally:
+        for s in clients:
+            s.close()
+        proc.kill()
+        proc.wait()
+
+
+# The real servers, each with its clients' worst: half-sent heads by the hundred.  The control
+# runs the same server on plain uvicorn (serve: with its old limit_concurrency).
+FRONT_RUNNER = """
+import sys
+import corral.httpguard, corral.serve
+from corral.cli import main
+if sys.argv[1] == "plain":
+    corral.httpguard.protocol = lambda *args, **kwargs: "h11"
+    options = corral.serve.uvicorn_options
+    def old(config):
+        backlog = config.workers + config.queue
+        return {**options(config), "limit_concurrency": 2 * backlog + 16}
+    corral.serve.uvicorn_options = old
+main(sys.argv[2:])
+"""
+
+
+def _front(who: Identity, pythonpath: str, mode: str, *args: str) -> subprocess.Popen[bytes]:
+    # The server gets 512 descriptors, as a service often does (1,024 is Debian's default).
+    return subprocess.Popen(["prlimit", "--nofile=512:512", *who.prefix(), "-c", FRONT_RUNNER,
+                             mode, *args], env=who.environ({"PYTHONPATH": pythonpath}),
+                            cwd=who.tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _half_heads(port: int, count: int, path: str) -> list[socket.socket]:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (8192, max(8192, resource.getrlimit(
+        resource.RLIMIT_NOFILE)[1])))
+    out = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())
+        out.append(s)
+    return out
+
+
+def _status(url: str, body: bytes | None = None, headers: dict[str, str] | None = None
+            ) -> int | str:
+    req = urllib.request.Request(url, data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=20) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as e:
+        e.close()
+        return e.code
+    except OSError as e:
+        return type(e).__name__
+
+
+def test_half_sent_heads_cannot_wedge_corral_serve(who: Identity, serve_extra: Path) -> None:
+    """540 half-sent heads made every later request a 503, /healthz included, for as long as
+    the client kept them (with a token too: they never reach the token check)."""
+    path = f"{who.src}:{serve_extra}" if who.src else str(serve_extra)
+    job = json.dumps({"code": "print(6 * 7)", "language": "python"}).encode()
+    for mode in ("guarded", "plain"):  # the control: uvicorn as corral used it
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with _wedged(who, path, mode, port, 540, "/run_code", url + "/healthz", None, {},
+                     "serve", "--port", str(port), "--runs-dir", str(who.tmp / f"r-{mode}")):
+            answers = [_status(url + "/healthz"), _status(url + "/run_code", job)]
+            assert (answers == [200, 200]) == (mode == "guarded"), (mode, answers)
+
+
+MCP_INIT = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-11-25", "capabilities": {},
+    "clientInfo": {"name": "t", "version": "1"}}}).encode()
+MCP_HEADERS = {"Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream"}
+
+
+def test_half_sent_heads_cannot_wedge_corral_mcp(who: Identity, sdk: Path | None) -> None:
+    """600 half-sent heads used up an HTTP MCP server's 512 descriptors: no client could
+    connect, and the server logged a traceback per refused connection."""
+    path = mcp_environ(who, sdk).get("PYTHONPATH", "")
+    for mode in ("guarded", "plain"):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}/mcp"
+        with _wedged(who, path, mode, port, 600, "/mcp", url, MCP_INIT, MCP_HEADERS, "mcp",
+                     "--transport", "http", "--port", str(port), "--runs-dir",
+                     str(who.tmp / f"m-{mode}")):
+            works = _status(url, MCP_INIT, MCP_HEADERS) == 200
+            assert works == (mode == "guarded"), mode
+
+
+@contextlib.contextmanager
+def _wedged(who: Identity, pythonpath: str, mode: str, port: int, count: int, path: str,
+            probe: str, body: bytes | None, headers: dict[str, str], *args: str
+            ) -> Iterator[None]:
+    """A front end started as ``who`` (``mode``: guarded or plain), answering ``probe``,
+    then ``count`` connections that each sent half a head to ``path``."""
+    proc = _front(who, pythonpath, mode, *args)
+    idle: list[socket.socket] = []
+    try:
+        assert _eventually(lambda: _status(probe, body, headers) == 200, 60)
+        idle = _half_heads(port, count, path)
+        time.sleep(1)
+        yield
+    finally:
+        for s in idle:
+            s.close()
+        proc.kill()
+        proc.wait()

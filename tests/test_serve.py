@@ -40,8 +40,8 @@ def serve_extra(shared_tmp: Path) -> Path:
         spec = importlib.util.find_spec(name)
         need(spec is not None and spec.origin is not None, f"{name} (corral[serve]) installed")
         assert spec is not None and spec.origin is not None
-        shutil.copytree(Path(spec.origin).parent, dest / name,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(Path(spec.origin).parent, dest / name, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # other modules use it too
     for p in [dest, *dest.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return dest

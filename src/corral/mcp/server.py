@@ -250,6 +250,8 @@ async def _http(front: Front, sock: socket.socket, token: str | None, idle_s: fl
                 max_sessions: int) -> None:
     import uvicorn
 
+    from ..httpguard import protocol
+
     host, port = sock.getsockname()[:2]
     app: Any = front.mcp.streamable_http_app(
         host=host, session_idle_timeout=idle_s, max_sessions=max_sessions)
@@ -257,8 +259,10 @@ async def _http(front: Front, sock: socket.socket, token: str | None, idle_s: fl
         app = RequireToken(app, token)
     shown = f"[{host}]" if ":" in host else host
     print(f"corral: mcp: listening on http://{shown}:{port}/mcp", file=sys.stderr, flush=True)
+    # corral.httpguard: uvicorn alone waits for a request head forever (1,100 idle
+    # connections used up a 1,024-descriptor server).
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=10)
+                            timeout_graceful_shutdown=10, http=protocol())
     await uvicorn.Server(config).serve(sockets=[sock])
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from typing import Any
 
 from ..errors import UsageError
 from .config import Caps, Config
 
-__all__ = ["Caps", "Config", "add_arguments", "main", "serve"]
+__all__ = ["Caps", "Config", "add_arguments", "main", "serve", "uvicorn_options"]
 
 
 def serve(config: Config) -> None:
@@ -27,12 +28,18 @@ def serve(config: Config) -> None:
                          "pip install 'corral[serve]'") from None
     from .app import App
 
-    backlog = config.workers + config.queue
-    uvicorn.run(App(config), host=config.host, port=config.port, log_level="warning",
-                access_log=False, lifespan="on", timeout_graceful_shutdown=None,
-                # Connections beyond this get uvicorn's 503 before their bodies are read: what
-                # waits for admission is bounded by it, times the body cap.
-                limit_concurrency=2 * backlog + 16, backlog=2 * backlog + 16)
+    uvicorn.run(App(config), **uvicorn_options(config))
+
+
+def uvicorn_options(config: Config) -> dict[str, Any]:
+    """How uvicorn serves ``config``.  No ``limit_concurrency``: it counts idle connections,
+    so a few hundred of them made every request a 503.  Idle and slow connections are bounded
+    by :mod:`corral.httpguard` instead, the runs by the queue."""
+    from ..httpguard import protocol
+
+    return {"host": config.host, "port": config.port, "log_level": "warning",
+            "access_log": False, "lifespan": "on", "timeout_graceful_shutdown": None,
+            "http": protocol(), "backlog": 2 * (config.workers + config.queue) + 16}
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
