@@ -459,3 +459,52 @@ def _wedged(who: Identity, pythonpath: str, mode: str, port: int, count: int, pa
             s.close()
         proc.kill()
         proc.wait()
+
+
+# --- corral serve: the bytes it holds -------------------------------------------------------
+
+def _peak_rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith("VmHWM:"))
+
+
+def _flood(s: Server, bodies: int) -> tuple[int, list[int]]:
+    """The server's peak memory growth while one run holds its only worker and ``bodies``
+    requests of 7 MiB each arrive at once; and their answers' statuses."""
+    base = _peak_rss(s.proc.pid)
+    blocker = threading.Thread(target=s.post, args=(
+        "/v1/runs", {"command": ["/bin/sleep", "8"], "limits": {"timeout": 20}}))
+    blocker.start()
+    time.sleep(1)
+    big = {"command": ["/bin/true"], "files": {"f": "x" * (7 << 20)}}
+    with ThreadPoolExecutor(bodies) as pool:
+        statuses = [status for status, _, _ in pool.map(lambda _: s.post("/v1/runs", big),
+                                                         range(bodies))]
+    blocker.join()
+    return _peak_rss(s.proc.pid) - base, statuses
+
+
+def test_request_bodies_held_are_bounded(who: Identity, serve_extra: Path) -> None:
+    """Bodies were read and kept before admission and while waiting: 16 of 30 MiB took the
+    server to 1.4 GiB, and 536 connections could hold that many (SIGKILL by the kernel, or
+    the machine's memory).  What is held now is --max-pending, answered 429 beyond it."""
+    args = ("--workers", "1", "--max-body", "8M")
+    s = Server(who, serve_extra, *args, "--max-pending", "24M")
+    try:
+        s.post("/v1/runs", {"command": ["/bin/true"], "files": {"f": "x" * (7 << 20)}})
+        growth, statuses = _flood(s, 24)
+        assert 429 in statuses and 200 in statuses, statuses
+        assert growth < 80 << 20, growth
+        metrics = s.get("/metrics")[1]
+        assert metrics["pending_bytes"] == 0 and metrics["rejected"] == statuses.count(429)
+        assert s.post("/v1/runs", {"command": ["/bin/true"]})[0] == 200
+    finally:
+        s.stop()
+    # The control: with room for all of them, the same flood is all taken, and held.
+    s = Server(who, serve_extra, *args, "--max-pending", "1G")
+    try:
+        s.post("/v1/runs", {"command": ["/bin/true"], "files": {"f": "x" * (7 << 20)}})
+        growth, statuses = _flood(s, 24)
+        assert statuses == [200] * 24 and growth > 150 << 20, (growth, statuses)
+    finally:
+        s.stop()

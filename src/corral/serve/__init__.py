@@ -34,7 +34,8 @@ def serve(config: Config) -> None:
 def uvicorn_options(config: Config) -> dict[str, Any]:
     """How uvicorn serves ``config``.  No ``limit_concurrency``: it counts idle connections,
     so a few hundred of them made every request a 503.  Idle and slow connections are bounded
-    by :mod:`corral.httpguard` instead, the runs by the queue."""
+    by :mod:`corral.httpguard` instead, the bytes held by ``--max-pending``, the runs by the
+    queue."""
     from ..httpguard import protocol
 
     return {"host": config.host, "port": config.port, "log_level": "warning",
@@ -62,6 +63,8 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-output", default="8M", metavar="SIZE",
                    help="captured stdout and stderr of one run, each")
     s.add_argument("--max-body", default="32M", metavar="SIZE", help="one request's body")
+    s.add_argument("--max-pending", default="256M", metavar="SIZE",
+                   help="request bodies and answers held at once, in all; beyond it 429")
     s.add_argument("--allow-domain", metavar="NAME", action="append", default=[],
                    help="a name requests may ask to reach (repeatable; default: none)")
     s.add_argument("--allow-host", metavar="NAME", action="append", default=[],
@@ -93,6 +96,7 @@ def main(args: argparse.Namespace) -> int:
                     else default_workers(), queue=int(args.queue) if args.queue.isdigit()
                     else -1, token=token, caps=caps,
                     max_body=parse_size(args.max_body, "--max-body"),
+                    max_pending=parse_size(args.max_pending, "--max-pending"),
                     allow_domains=tuple(args.allow_domain),
                     allow_hosts=tuple(args.allow_host), runs_dir=args.runs_dir)
     print(f"corral: serving on http://{args.host}:{config.port} "

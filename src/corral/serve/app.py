@@ -57,6 +57,37 @@ class HTTPError(Exception):
         self.status, self.reason, self.headers = status, reason, headers
 
 
+class Hold:
+    """What one request holds of the server's ``--max-pending`` bytes, from the first byte of
+    its body read to the last byte of its answer sent.  Bodies are what a client controls:
+    without a bound, hundreds of them waiting to be read or run (each ~3x its size once
+    parsed) outgrow the machine's memory."""
+
+    def __init__(self, app: App) -> None:
+        self.app, self.bytes, self.reserved = app, 0, 0
+
+    def take(self, size: int, *, refuse: bool = True, reserve: bool = False) -> None:
+        """Count ``size`` more bytes (within what was reserved for the body, if any); over
+        the budget: 429, unless ``refuse`` is off (an answer must go out)."""
+        if not reserve and self.reserved:
+            used = min(size, self.reserved)
+            self.reserved -= used
+            size -= used
+        if refuse and size and self.app.held + size > self.app.config.max_pending:
+            self.app.metrics.rejected += 1
+            raise HTTPError(429, "the server holds as many request bytes as it may "
+                            "(--max-pending): try again shortly",
+                            ((b"retry-after", str(RETRY_AFTER_S).encode()),))
+        self.app.held += size
+        self.bytes += size
+        if reserve:
+            self.reserved += size
+
+    def release(self) -> None:
+        self.app.held -= self.bytes
+        self.bytes = self.reserved = 0
+
+
 class App:
     """One server's state: its configuration, its pool, its admission count, its metrics."""
 
@@ -64,8 +95,9 @@ class App:
         self.config = config
         self.metrics = Metrics()
         self.in_flight = 0
+        self.held = 0  # bytes of bodies and answers held now (--max-pending)
         self.pool: ThreadPoolExecutor | None = None
-        self.routes: dict[tuple[str, str], Callable[[bytes], Awaitable[Reply]]] = {
+        self.routes: dict[tuple[str, str], Callable[[Any], Awaitable[Reply]]] = {
             ("POST", "/run_code"): self.run_code, ("POST", "/run_code/batch"): self.run_batch,
             ("POST", "/v1/runs"): self.v1_runs, ("GET", "/healthz"): self.healthz,
             ("GET", "/metrics"): self.metrics_json,
@@ -92,6 +124,14 @@ class App:
                 return
 
     async def _http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        hold = Hold(self)
+        try:
+            await self._answer(scope, receive, send, hold)
+        finally:
+            hold.release()
+
+    async def _answer(self, scope: dict[str, Any], receive: Receive, send: Send, hold: Hold
+                      ) -> None:
         headers: tuple[tuple[bytes, bytes], ...] = ()
         try:
             route = self.routes.get((scope["method"], scope["path"]))
@@ -102,7 +142,10 @@ class App:
             self._check_host(scope)
             if scope["path"] != "/healthz":
                 self._authorize(scope)
-            status, body = await route(await self._body(receive))
+            # Parsed here, and each route drops what it parsed once it holds its requests: a
+            # request waiting for its turn keeps its own bytes only, not two more copies.
+            status, body = await route(self._json(await self._body(scope, receive, hold))
+                                       if scope["method"] == "POST" else None)
         except HTTPError as e:
             status, body, headers = e.status, {"error": e.reason}, e.headers
             if e.status == 400:
@@ -113,6 +156,7 @@ class App:
                   flush=True)
             status, body = 500, {"error": f"{reason}; this is a bug in corral, please report it"}
         data = json.dumps(body).encode()
+        hold.take(len(data), refuse=False)  # the run is done: its answer is always sent
         await send({"type": "http.response.start", "status": status, "headers": [
             (b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
             *headers]})
@@ -143,7 +187,14 @@ class App:
             raise HTTPError(401, "a token is required: Authorization: Bearer TOKEN",
                             ((b"www-authenticate", b"Bearer"),))
 
-    async def _body(self, receive: Receive) -> bytes:
+    async def _body(self, scope: dict[str, Any], receive: Receive, hold: Hold) -> bytes:
+        """The request's body, counted against ``--max-pending`` as it comes.  Refused, it is
+        still read (and dropped): a client still sending would see its connection reset,
+        not the answer; past ``--max-body`` the answer comes at once, as before."""
+        refused: HTTPError | None = None
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) <= self.config.max_body:
+            refused = self._hold(hold, int(declared), reserve=True)
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -151,12 +202,28 @@ class App:
                 raise HTTPError(400, "the client went away")
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.config.max_body:
-                raise HTTPError(413, f"the body is over this server's {self.config.max_body} "
-                                "bytes")
-            chunks.append(chunk)
+            self._check_size(size)
+            if refused is None:
+                refused = self._hold(hold, len(chunk))
+                chunks.append(chunk)
+                if refused is not None:
+                    chunks.clear()
             if not message.get("more_body"):
+                if refused is not None:
+                    raise refused
                 return b"".join(chunks)
+
+    @staticmethod
+    def _hold(hold: Hold, size: int, reserve: bool = False) -> HTTPError | None:
+        try:
+            hold.take(size, reserve=reserve)
+        except HTTPError as e:
+            return e
+        return None
+
+    def _check_size(self, size: int) -> None:
+        if size > self.config.max_body:
+            raise HTTPError(413, f"the body is over this server's {self.config.max_body} bytes")
 
     @staticmethod
     def _json(body: bytes) -> Any:
@@ -194,28 +261,31 @@ class App:
         self.metrics.finished(result.status, result.ok, time.monotonic() - started)
         return result
 
-    async def run_code(self, body: bytes) -> Reply:
-        request = self._parse(request_from_fusion, self._json(body), clamp=True)
+    async def run_code(self, data: Any) -> Reply:
+        request = self._parse(request_from_fusion, data, clamp=True)
+        del data
         [result] = await self._run([request])
         return 200, fusion_response(result)
 
-    async def run_batch(self, body: bytes) -> Reply:
-        data = self._json(body)
+    async def run_batch(self, data: Any) -> Reply:
         if not isinstance(data, list):
             raise HTTPError(400, "the body must be a JSON list of /run_code requests")
         requests = [self._parse(request_from_fusion, item, clamp=True) for item in data]
+        del data
         return 200, [fusion_response(r) for r in await self._run(requests)]
 
-    async def v1_runs(self, body: bytes) -> Reply:
-        request = self._parse(RunRequest.from_json, self._json(body), clamp=False)
+    async def v1_runs(self, data: Any) -> Reply:
+        request = self._parse(RunRequest.from_json, data, clamp=False)
+        del data
         [result] = await self._run([request])
         return 200, result.to_json()
 
-    async def healthz(self, body: bytes) -> Reply:
+    async def healthz(self, data: Any) -> Reply:
         return 200, {"ok": True}
 
-    async def metrics_json(self, body: bytes) -> Reply:
-        return 200, self.metrics.to_json(self.in_flight, self.config.workers)
+    async def metrics_json(self, data: Any) -> Reply:
+        return 200, {**self.metrics.to_json(self.in_flight, self.config.workers),
+                     "pending_bytes": self.held}
 
 
 def _host_name(value: str) -> str:

@@ -44,6 +44,7 @@ class Config:
     token: str | None = None
     caps: Caps = field(default_factory=Caps)
     max_body: int = 32 << 20  # bytes of one request body
+    max_pending: int = 256 << 20  # bytes of bodies and answers held at once (read to sent)
     allow_domains: tuple[str, ...] = ()  # the only names a request may ask to reach
     allow_hosts: tuple[str, ...] = ()  # names accepted in Host and Origin besides loopback's
     runs_dir: str | None = None
@@ -62,6 +63,10 @@ class Config:
                              "each is a name or address as clients put it in Host, in "
                              "lower case, without a port", "write it like --allow-host "
                              "sandbox.internal")
+        if self.max_pending < self.max_body:
+            raise UsageError("--max-pending is below --max-body",
+                             "a request of the largest size could never be taken",
+                             "give --max-pending at least --max-body")
         if self.workers < 1 or self.queue < 0:
             raise UsageError("--workers must be at least 1 and --queue at least 0", "", "")
 
