@@ -562,3 +562,47 @@ def test_cgroups_of_killed_launchers_are_swept(who: Identity) -> None:
             for p in made:
                 with contextlib.suppress(FileNotFoundError):
                     p.rmdir()
+
+
+# --- the Ray engine's own cluster -----------------------------------------------------------
+
+RAY_RUNNER = """
+import json, os, stat, sys
+from corral.engines.ray import RayEngine
+from corral.request import RunRequest
+if sys.argv[1] == "unprotected":  # the control: Ray's own default, a token file in ~/.ray
+    RayEngine._own_token = lambda self: None
+engine = RayEngine(runs_dir=sys.argv[2])
+[res] = engine.map([RunRequest(command=("/bin/echo", "hi"), id="r")])
+token = os.path.join(os.environ["HOME"], ".ray", "auth_token")
+print(json.dumps({"stdout": res.run.stdout.decode() if res.run else res.error,
+                  "token_mode": stat.S_IMODE(os.stat(token).st_mode)
+                  if os.path.exists(token) else None,
+                  "env_after": {k: os.environ.get(k) for k in ("RAY_AUTH_MODE",
+                                                               "RAY_AUTH_TOKEN")}}))
+"""
+
+
+def test_the_ray_engines_own_cluster_token_is_in_no_file(root: Identity) -> None:
+    """`corral batch --engine ray` without --address starts a Ray, and Ray (2.60) wrote its
+    token to ~/.ray/auth_token, mode 0644: in a home other users may enter, any local user
+    read it, and the cluster's GCS accepted it from them (shown by hand as nobody, against a
+    batch run by a plain user).  The token now lives only in the Ray processes' environment.
+    Root only, as every Ray test (test_ray.py says why)."""
+    need(importlib.util.find_spec("ray") is not None, "Ray (corral[ray]) is installed")
+    for mode in ("protected", "unprotected"):
+        home = root.tmp / f"home-{mode}"
+        home.mkdir(mode=0o755)
+        env = {**root.environ(), "HOME": str(home)}
+        env.pop("RAY_AUTH_MODE", None)
+        proc = subprocess.run([*root.prefix(), "-c", RAY_RUNNER, mode, str(root.tmp / "runs")],
+                              env=env, cwd=root.tmp, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        got = json.loads(proc.stdout.splitlines()[-1])
+        assert got["stdout"] == "hi\n", got
+        if mode == "protected":
+            assert got["token_mode"] is None, got
+            assert got["env_after"] == {"RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN": None}
+        else:  # the control: readable by every user who can enter the home directory
+            assert got["token_mode"] is not None and got["token_mode"] & 0o044, got
