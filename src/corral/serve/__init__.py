@@ -13,6 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import UsageError
+from ..httpauth import add_argument as add_token_argument
+from ..httpauth import read_token
 from .config import Caps, Config
 
 __all__ = ["Caps", "Config", "add_arguments", "main", "serve", "uvicorn_options"]
@@ -50,13 +52,12 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                      "(SandboxFusion's API), POST /v1/runs (corral's RunRequest), GET /healthz "
                      "and /metrics.  Needs corral[serve].  See docs/scale.md.")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
-                   "any other needs --token-file)")
+                   "any other needs a token)")
     s.add_argument("--port", default="8080", metavar="N")
     s.add_argument("--workers", metavar="N", help="runs at once (default: two per core)")
     s.add_argument("--queue", default="256", metavar="N",
                    help="requests that may wait beyond those (default 256); more get 429")
-    s.add_argument("--token-file", metavar="FILE", help="clients must send "
-                   "'Authorization: Bearer TOKEN' with the token in FILE")
+    add_token_argument(s)
     s.add_argument("--max-timeout", default="60", metavar="SECONDS",
                    help="the longest run (and compile step) a request may ask for")
     s.add_argument("--max-memory", default="2G", metavar="SIZE")
@@ -79,14 +80,7 @@ def main(args: argparse.Namespace) -> int:
     from ..engines.local import default_workers
     from ..policy import parse_duration, parse_size
 
-    token = None
-    if args.token_file:
-        try:
-            with open(args.token_file) as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise UsageError(f"cannot read {args.token_file}", e.strerror or str(e),
-                             "give a file holding the token") from None
+    token = read_token(args.token_file)
     longest = parse_duration(args.max_timeout, "--max-timeout")
     caps = replace(Caps(), timeout_s=longest, compile_timeout_s=longest,
                    memory_bytes=parse_size(args.max_memory, "--max-memory"),

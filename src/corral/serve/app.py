@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import sys
 import time
@@ -36,9 +35,10 @@ from typing import Any
 
 from ..engines.local import run_safely
 from ..errors import UsageError
+from ..httpauth import CHALLENGE, REFUSED, authorized, is_loopback
 from ..request import RunRequest, parse_json
 from ..result import RunResult
-from .config import LOOPBACK, Config, cap_request
+from .config import Config, cap_request
 from .fusion import fusion_response, request_from_fusion
 from .metrics import Metrics
 
@@ -165,9 +165,9 @@ class App:
     def _check_host(self, scope: dict[str, Any]) -> None:
         """Bound to loopback: refuse what a browser sends from another site (DNS rebinding
         gives a foreign Host; a cross-site post carries the page's Origin)."""
-        if self.config.host not in LOOPBACK:
+        if not is_loopback(self.config.host):
             return  # a token is required there, and no page can send it
-        names = {"127.0.0.1", "localhost", "::1", *self.config.allow_hosts}
+        names = {"127.0.0.1", "localhost", "::1", self.config.host, *self.config.allow_hosts}
         headers = dict(scope["headers"])
         host = _host_name(headers.get(b"host", b"").decode("latin-1"))
         if host not in names:
@@ -182,10 +182,8 @@ class App:
         token = self.config.token
         if token is None:
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, b"Bearer " + token.encode()):
-            raise HTTPError(401, "a token is required: Authorization: Bearer TOKEN",
-                            ((b"www-authenticate", b"Bearer"),))
+        if not authorized(scope["headers"], token):
+            raise HTTPError(401, REFUSED, CHALLENGE)
 
     async def _body(self, scope: dict[str, Any], receive: Receive, hold: Hold) -> bytes:
         """The request's body, counted against ``--max-pending`` as it comes.  Refused, it is

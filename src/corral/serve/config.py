@@ -12,12 +12,10 @@ from dataclasses import dataclass, field, fields, replace
 
 from ..engines.local import default_workers
 from ..errors import UsageError
+from ..httpauth import required
 from ..request import LIMIT_KEYS, RequestLimits, RunRequest
 
 __all__ = ["Caps", "Config", "cap_request"]
-
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
-MIN_TOKEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,13 +48,8 @@ class Config:
     runs_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if self.token is None and self.host not in LOOPBACK:
-            raise UsageError(f"serving on {self.host} needs a token",
-                             "anyone who reaches the port could run code on this machine",
-                             "pass --token-file FILE (or bind 127.0.0.1)")
-        if self.token is not None and len(self.token) < MIN_TOKEN:
-            raise UsageError("the token is too short", f"it needs at least {MIN_TOKEN} "
-                             "characters", "generate one: head -c 32 /dev/urandom | base64")
+        # corral.httpauth's rules, as for corral mcp; the token kept without its newline.
+        object.__setattr__(self, "token", required(self.token, self.host, "corral serve"))
         if any(not name or name != name.strip().lower() or "/" in name
                for name in self.allow_hosts):
             raise UsageError(f"--allow-host {self.allow_hosts!r} is not a list of host names",
