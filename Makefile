@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: setup system demo test check bench clean
+.PHONY: setup system demo test test-agents check bench clean
 
 setup: system $(VENV)/.installed
 
@@ -27,6 +27,11 @@ demo: setup
 
 test: setup
 	$(BIN)/pytest
+
+# The real agents (pi, Claude Code, Codex, Gemini CLI) from the npm registry, cached in
+# .agents/, under corral against a fake model server on 127.0.0.1: see docs/agents.md.
+test-agents: setup
+	@BIN=$(BIN) scripts/test-agents
 
 check: setup
 	scripts/check

@@ -255,6 +255,10 @@ def root(shared_tmp: Path, readable_src: Path, bwrap: str) -> Iterator[Identity]
         shutil.rmtree(ident.tmp)
 
 
+# The real agents (tests/agents) are their own suite, 'make test-agents': they need the
+# agents installed from their registries first (scripts/install-agents).
+collect_ignore = [] if os.environ.get("CORRAL_TEST_AGENTS") else ["agents"]
+
 # The agent-mode lab (a fake home and project) and the layers script are fixtures for
 # several test files; each is defined beside its helpers and registered here, after
 # everything it imports from us.

@@ -9,12 +9,13 @@ is a script rather than a fixture.
 
     layers.py [--off seccomp|landlock|payload-filter]... [--profile NAME]
               [--input PATH]... [--ro PATH]... [--extra-writable DIR]
-              [--allow-domain NAME] -- CMD [ARG...]
+              [--allow-domain NAME] [--init-pid N] -- CMD [ARG...]
 
 ``--extra-writable DIR`` binds DIR writable at /extra without giving
 Landlock a rule for it: the mounts alone would allow writes there.
 ``--allow-domain`` starts the egress proxy and the in-sandbox bridge, as
-``corral run --allow-domain`` does.
+``corral run --allow-domain`` does.  ``--init-pid N`` tells the init to expect
+PID N, where the seccomp filter protects PID 2.
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ import argparse
 import json
 from dataclasses import replace
 
-from corral import api, egress, host, launch, resolve
+from corral import api, egress, errors, host, launch, resolve
 from corral.bwrap import Mount, Sandbox, mount
 from corral.policy import Network
 from corral.profiles import load_profile
 
 
-def without(sb: Sandbox, off: list[str], extra: str | None) -> Sandbox:
+def without(sb: Sandbox, off: list[str], extra: str | None, init_pid: int | None = None
+            ) -> Sandbox:
     config = dict(sb.init_config)
+    if init_pid is not None:
+        config["pid"] = init_pid
     if "landlock" in off:
         config["landlock"] = None
     if "payload-filter" in off:
@@ -53,6 +57,7 @@ def main() -> None:
     p.add_argument("--ro", action="append", default=[])
     p.add_argument("--extra-writable")
     p.add_argument("--allow-domain", action="append", default=[])
+    p.add_argument("--init-pid", type=int)
     p.add_argument("cmd", nargs="+")
     args = p.parse_args()
     policy = load_profile(args.profile)
@@ -62,12 +67,16 @@ def main() -> None:
     run_dir, (uid, gid) = api.prepare(policy, workspace_dir=None, inputs=args.input,
                                       runs_dir=None, facts=facts)
     sb = resolve.resolve_run(policy, args.cmd, facts, run_dir.workspace, uid, gid)
-    sb = without(sb, args.off, args.extra_writable)
+    sb = without(sb, args.off, args.extra_writable, args.init_pid)
     net = egress.open_session(policy.network, None)  # NoEgress without an allowed name
     with net:
-        out = launch.launch(net.attach(sb), capture=True, stdin=None, output_cap=1 << 20,
-                            timeout_s=120, bwrap_path=facts.require_bwrap(),
-                            extra_fds=net.pass_fds)
+        try:
+            out = launch.launch(net.attach(sb), capture=True, stdin=None, output_cap=1 << 20,
+                                timeout_s=120, bwrap_path=facts.require_bwrap(),
+                                extra_fds=net.pass_fds)
+        except errors.LaunchError as e:  # the init refused to start the command
+            print(json.dumps({"status": "refused", "error": str(e)}))
+            return
     print(json.dumps({"exit_code": out.exit_code, "status": out.status, "error": out.error,
                       "stdout": (out.stdout or b"").decode(errors="replace"),
                       "stderr": (out.stderr or b"").decode(errors="replace"),

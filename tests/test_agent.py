@@ -217,6 +217,43 @@ def test_agent_reaches_only_allowed_names_through_the_proxy(who: Identity, lab: 
         assert ctl.stdout.startswith("GET /x") and origin.connections == 2
 
 
+def test_shell_takes_the_options_a_shell_does(who: Identity, lab: Lab) -> None:
+    """Codex runs `bash -lc CMD`; a $SHELL wrapper passes those words on."""
+    probe = "shopt -q login_shell && echo LOGIN; cat ~/.fake-creds/token; echo ran"
+    for words in (["-lc", probe], ["-l", "-c", probe]):
+        r = who.corral("shell", *words, cwd=lab.project)
+        assert r.returncode == 0 and r.stdout.split() == ["LOGIN", "ran"], (words, r)
+    plain = who.corral("shell", "-c", probe, cwd=lab.project)
+    assert plain.stdout.split() == ["ran"]  # control: without -l, no login shell
+    bad = who.corral("shell", "-c", "true", "extra", cwd=lab.project)
+    assert bad.returncode == 125 and bad.stderr.count("\n") == 1
+
+
+def test_shell_prefix_runs_claudes_one_string_and_reports_its_directory(
+        who: Identity, lab: Lab) -> None:
+    """CLAUDE_CODE_SHELL_PREFIX gets ONE argument; its cwd file reaches the host."""
+    cwd_file = Path(f"/tmp/claude-{uuid.uuid4().hex[:12]}-cwd")
+    string = (f"eval 'cd nested && cat {lab.home}/.fake-creds/token; echo ran' < /dev/null "
+              f"&& pwd -P >| {cwd_file}")
+    try:
+        r = who.corral("shell", "--prefix", string, cwd=lab.project)
+        assert r.returncode == 0 and r.stdout == "ran\n", r
+        assert cwd_file.read_text().strip() == f"{lab.project}/nested"
+        assert cwd_file.stat().st_uid == lab.uid
+        two = who.corral("shell", "--prefix", "true", "true", cwd=lab.project)
+        assert two.returncode == 125 and "one argument" in two.stderr
+    finally:
+        cwd_file.unlink(missing_ok=True)
+    # Control: the same string under -c leaves the cwd file in the sandbox's own /tmp.
+    who.corral("shell", "-c", string, cwd=lab.project)
+    assert not cwd_file.exists()
+
+
+def test_version(who: Identity) -> None:
+    r = who.corral("--version")
+    assert r.returncode == 0 and r.stdout.startswith("corral 0.")
+
+
 def test_the_network_line_leaves_out_what_deny_removed(who: Identity, lab: Lab) -> None:
     flags = ("--allow-domain", "origin.test", "--allow-domain", "gone.test",
              "--allow-domain", "*.cdn.test")

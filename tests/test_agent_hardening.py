@@ -26,11 +26,11 @@ def _commit(path: Path) -> None:
     git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
 
 
-def test_a_commondir_planted_in_git_is_removed_after_the_run(who: Identity, lab: Lab) -> None:
-    plant = "echo ../.cache/c > .git/commondir; ls .git/commondir"
+def test_a_commondir_planted_in_git_is_removed(who: Identity, lab: Lab) -> None:
+    plant = "echo ../.cache/c > .git/commondir && echo WROTE"
     r = agent(who, lab, plant)
-    assert r.returncode == 0 and ".git/commondir" in r.stdout  # it was written inside...
-    assert not (lab.project / ".git" / "commondir").exists()  # ...and undone afterwards
+    assert r.returncode == 0 and "WROTE" in r.stdout  # it was written inside...
+    assert not (lab.project / ".git" / "commondir").exists()  # ...and undone (at once)
     assert "removed" in r.stderr and "commondir" in r.stderr
     # Control: the naive sandbox leaves it, and the host's git would obey it.
     naive(who, lab, plant)
@@ -96,18 +96,19 @@ def test_hook_locations_named_by_git_config_are_read_only(who: Identity, lab: La
     assert "HOOK" in ctl.stdout and "MANAGER" in ctl.stdout
 
 
-def test_the_agents_own_settings_stay_read_only(who: Identity, lab: Lab) -> None:
+def test_a_read_only_path_inside_a_writable_folder_stays_read_only(who: Identity,
+                                                                   lab: Lab) -> None:
+    """--ro inside --rw: the real state folder bound through on purpose, its settings kept."""
     settings = lab.home / ".claude" / "settings.json"
     settings.parent.mkdir(exist_ok=True)
     settings.write_text("{}\n")
     lab.own(lab.home / ".claude")
     script = (f"(echo hooks > {settings}) 2>/dev/null && echo SETTINGS; "
               f"echo state > {settings.parent}/history.jsonl && echo STATE")
-    r = agent(who, lab, script, "--profile", "claude")
+    r = agent(who, lab, script, "--rw", str(settings.parent), "--ro", str(settings))
     assert r.returncode == 0 and "SETTINGS" not in r.stdout and "STATE" in r.stdout, r
     assert settings.read_text() == "{}\n"
-    # Control: the generic profile does not mount ~/.claude at all, and with it writable
-    # (--rw) but no read-only list, the settings could be rewritten.
+    # Control: the folder writable (--rw) without the read-only path: rewritten.
     ctl = agent(who, lab, script, "--rw", str(settings.parent))
     assert "SETTINGS" in ctl.stdout
 
@@ -117,10 +118,11 @@ def test_a_mount_that_landed_elsewhere_stops_the_launch(who: Identity, lab: Lab,
     """The init's own check, as when a racing sandbox swapped a folder during setup."""
     script = (
         "import sys, json\n"
-        "from corral import api, host, launch\n"
+        "from corral import agent, host, launch\n"
         "from corral.profiles import load_profile\n"
         "policy = load_profile('generic')\n"
-        "sb, _ = api.plan_agent(['/bin/true'], policy, project=sys.argv[1])\n"
+        "sb, _ = agent.resolve_agent(policy, ['/bin/true'], host.detect(), sys.argv[1],\n"
+        "                            prepare=True)\n"
         "expect = [list(e) for e in sb.init_config['expect_mounts']]\n"
         "if sys.argv[2] == 'tamper':  # as if .git's pin had landed on another folder\n"
         "    next(e for e in expect if e[1] == 'pin')[3] += 1\n"
@@ -154,6 +156,7 @@ def test_a_second_path_to_home_is_still_home(root: Identity, lab: Lab) -> None:
     assert shutil.which("unshare") is not None
     alias = root.tmp / "homebind"
     alias.mkdir()
+    root.tmp.chmod(0o711)  # the agent (the owner) can reach a project there on the host
     cmd = (f"mount --bind {lab.home} {alias} && cd {alias} && "
            f"exec {' '.join(root.prefix())} -m corral agent -- /bin/true")
     r = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", cmd],

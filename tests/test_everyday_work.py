@@ -9,6 +9,7 @@ lets work through, where the other kernel tests check what it refuses.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import shutil
 import zipfile
@@ -189,3 +190,27 @@ def test_test_runners_with_a_loopback_server(who: Identity) -> None:
     js = give(who, "loop.test.js", NODE_TEST)
     r = who.corral_json("--input", str(js), "--", "node", "--test", "loop.test.js")
     assert r["exit_code"] == 0 and "# pass 1" in r["stdout"], r
+
+
+INTERFACES_PY = "import socket; print([name for _, name in socket.if_nameindex()])"
+INTERFACES_JS = "console.log(Object.keys(require('os').networkInterfaces()).join())"
+LO_DOWN = """\
+import socket, struct
+s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+link = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, 1, 0, 1)  # lo: clear IFF_UP
+s.send(struct.pack("=IHHII", 16 + len(link), 16, 1 | 4, 1, 0) + link)  # RTM_NEWLINK, ACK
+print(struct.unpack_from("=i", s.recv(4096), 16)[0])  # NLMSG_ERROR's error
+"""
+
+
+def test_programs_can_list_the_sandboxs_interfaces(who: Identity) -> None:
+    # getifaddrs and if_nameindex ask netlink's routing protocol; dev servers list addresses
+    r = who.corral_json("--", "python3", "-c", INTERFACES_PY)
+    assert r["exit_code"] == 0 and r["stdout"] == "['lo']\n", r
+    # It only reads: without CAP_NET_ADMIN the kernel refuses every change.
+    r = who.corral_json("--", "python3", "-c", LO_DOWN)
+    assert r["exit_code"] == 0 and r["stdout"] == f"{-errno.EPERM}\n", r
+    if not _node():
+        return
+    r = who.corral_json("--", "node", "-e", INTERFACES_JS)
+    assert r["exit_code"] == 0 and r["stdout"] == "lo\n", r

@@ -34,7 +34,7 @@ def attempt(fn):
 def as_identity(who: Identity, body: str, *, fallback: bool = False) -> dict[str, object]:
     code = PRELUDE
     if fallback:  # the component walk that kernels without openat2 get
-        code += "fsops._kernel().openat2 = False\n"
+        code += "from corral import beneath; beneath._kernel().openat2 = False\n"
     code += textwrap.dedent(body)
     proc = subprocess.run([*who.prefix(), "-c", code], env=who.environ(), cwd=who.tmp,
                           capture_output=True, text=True, timeout=120, check=False)

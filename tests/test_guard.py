@@ -7,12 +7,27 @@ from pathlib import Path
 
 import pytest
 
-from corral import discover, guard
+from corral import discover, fsops, guard, repos
 from corral.agent import Entry, Layout, agent_mounts, agent_seal
 from corral.bwrap import render
 from corral.errors import UsageError
 from corral.guard import Finding
 from corral.launch import Numbering
+from corral.locate import Roots
+
+
+def scan(path: Path, allowed: tuple[str, ...] = ()) -> list[Finding]:
+    """discover.scan of one writable tree, as resolve_agent makes it."""
+    roots = Roots([fsops.Tree(str(path))])
+    try:
+        return discover.scan(roots.trees[0], repos.Scope(roots, "/nonexistent", True), allowed)
+    finally:
+        roots.close()
+
+
+def verify(path: Path, findings: list[Finding]) -> list[list[object]]:
+    with fsops.Tree(str(path)) as tree:
+        return discover.verify_unchanged(tree, findings)
 
 
 def _home(tmp_path: Path) -> Path:
@@ -62,7 +77,7 @@ def test_scan_finds_what_must_be_protected_or_hidden(tmp_path: Path) -> None:
                      "k/id_ed25519": "", "k/id_ed25519.pub": "", ".vscode/tasks.json": "",
                      "deep/er/.bashrc": "", "src/main.py": "", "nested/.ssh/x": "",
                      "id_utils.py": ""})
-    found = {(os.path.relpath(f.path, tmp_path), f.action) for f in discover.scan(str(tmp_path))}
+    found = {(os.path.relpath(f.path, tmp_path), f.action) for f in scan(tmp_path)}
     assert {(".git", "pin"), (".git/hooks", "protect"), (".git/config", "protect"),
             ("a/b/.git", "pin"), ("a/b/.git/hooks", "protect"), (".env", "hide"),
             ("k/server.pem", "hide"), ("k/id_ed25519", "hide"), (".vscode", "protect"),
@@ -74,7 +89,7 @@ def test_scan_finds_what_must_be_protected_or_hidden(tmp_path: Path) -> None:
 
 def test_allowed_secrets_stay_visible(tmp_path: Path) -> None:
     _tree(tmp_path, {".env": "", "cert.pem": ""})
-    found = {os.path.basename(f.path) for f in discover.scan(str(tmp_path), ["*.pem"])}
+    found = {os.path.basename(f.path) for f in scan(tmp_path, ("*.pem",))}
     assert found == {".env"}
 
 
@@ -82,7 +97,7 @@ def test_scan_refuses_symlinked_protected_paths(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / ".vscode").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(UsageError, match="symbolic link"):
-        discover.scan(str(tmp_path))
+        scan(tmp_path)
 
 
 def test_scan_fails_closed_past_its_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -91,17 +106,17 @@ def test_scan_fails_closed_past_its_bound(tmp_path: Path, monkeypatch: pytest.Mo
     for i in range(60):
         (tmp_path / f"f{i}").write_text("")
     with pytest.raises(UsageError, match="more than 50 entries"):
-        discover.scan(str(tmp_path))
+        scan(tmp_path)
 
 
 def test_verify_unchanged_catches_a_swapped_component(tmp_path: Path) -> None:
     _tree(tmp_path, {".git/config": "", ".git/HEAD": ""})
-    findings = discover.scan(str(tmp_path))
-    discover.verify_unchanged(str(tmp_path), findings)
+    findings = scan(tmp_path)
+    verify(tmp_path, findings)
     os.rename(tmp_path / ".git", tmp_path / "real-git")
     (tmp_path / ".git").symlink_to(tmp_path / "real-git")
     with pytest.raises(UsageError, match="changed while corral was starting"):
-        discover.verify_unchanged(str(tmp_path), findings)
+        verify(tmp_path, findings)
 
 
 def test_scan_finds_one_secret_in_a_large_tree(tmp_path: Path) -> None:
@@ -111,7 +126,7 @@ def test_scan_finds_one_secret_in_a_large_tree(tmp_path: Path) -> None:
         for f in range(100):
             (sub / f"m{f}.py").write_text("")
     (tmp_path / "pkg57" / ".env.local").write_text("")
-    assert [os.path.relpath(f.path, tmp_path) for f in discover.scan(str(tmp_path))] == [
+    assert [os.path.relpath(f.path, tmp_path) for f in scan(tmp_path)] == [
         "pkg57/.env.local"]
 
 

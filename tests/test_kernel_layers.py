@@ -36,7 +36,8 @@ KERNEL_REFUSES_FIRST = {"move_mount", "fsopen", "fsmount", "fspick", "pivot_root
 SUCCEED_UNFILTERED = {"add_key", "keyctl", "ptrace", "process_vm_readv", "process_vm_writev",
                       "pidfd_getfd", "kcmp", "userfaultfd", "io_uring_setup", "modify_ldt",
                       "personality(ADDR_NO_RANDOMIZE)", "socket(AF_VSOCK)",
-                      "socket(AF_NETLINK)", "fanotify_init", "memfd_secret", "sysfs",
+                      "socket(AF_NETLINK, uevent)", "socket(AF_NETLINK, sock_diag)",
+                      "fanotify_init", "memfd_secret", "sysfs",
                       "clock_adjtime", "adjtimex", "set_mempolicy_home_node",
                       "personality(UNAME26)", "personality(READ_IMPLIES_EXEC)"}
 # Refused with ENOSYS, what a kernel without them says, so that libraries fall back.

@@ -127,3 +127,36 @@ def test_unix_sockets_is_a_strict_profile_setting() -> None:
 def test_script_profiles_forbid_unix_sockets_and_shell_allows_them() -> None:
     assert not load_profile("python").unix_sockets and not load_profile("node").unix_sockets
     assert load_profile("shell").unix_sockets
+
+
+def test_agent_profiles_keep_their_state_in_corrals_copy() -> None:
+    for name, folder in (("claude", "~/.claude"), ("codex", "~/.codex"), ("pi", "~/.pi"),
+                         ("gemini", "~/.gemini"), ("aider", "~/.aider")):
+        policy = load_profile(name)
+        assert policy.state.dirs == (folder,)
+        assert not any(w.startswith(folder) for w in policy.writable), name  # never the real
+    claude = load_profile("claude")
+    assert ("~/.claude.json", "~/.claude/.claude.json") in claude.state.imports
+    assert dict(claude.env)["CLAUDE_CONFIG_DIR"] == "~/.claude"
+
+
+@pytest.mark.parametrize("state", [
+    {"dirs": ["/etc"]},  # not in the home directory
+    {"dirs": ["~/../x"]},
+    {"dirs": ["~/.a"], "credentials": ["~/.b/token"]},  # not inside a state folder
+    {"dirs": ["~/.a"], "import_to": {"~/x": "~/.elsewhere/x"}},
+    {"dirs": ["~/.a"], "imports": ["~/x"]},  # unknown key
+])
+def test_bad_state_tables_are_refused(state: dict[str, object]) -> None:
+    with pytest.raises(UsageError):
+        policy_from_mapping({"state": state}, "t", "test")
+
+
+def test_prefix_patterns_pass_variables() -> None:
+    from corral.policy import passed
+
+    env = {"CODEX_HOME": "h", "CODEX_X": "x", "OTHER": "o", "EXACT": "e"}
+    assert sorted(passed(["CODEX_*", "EXACT", "MISSING"], env)) == [
+        ("CODEX_HOME", "h"), ("CODEX_X", "x"), ("EXACT", "e")]
+    with pytest.raises(UsageError):
+        Policy(pass_env=("BAD*",))

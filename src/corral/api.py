@@ -11,10 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
-from . import agent, egress, enforce, guard, host, repos, resolve, workspace
+from . import agent, audit, egress, enforce, guard, host, resolve, workspace
 from .bwrap import Sandbox
 from .enforce import Limited
-from .errors import UsageError
+from .errors import CorralError, Interrupted, UsageError
 from .limits import Plan
 from .policy import Policy
 from .workspace import Change, RunDir
@@ -45,7 +45,8 @@ class Result:
     changes: tuple[Change, ...] = ()
     changes_truncated: bool = False
     denials: tuple[dict[str, Any], ...] = field(default=())
-    notes: tuple[str, ...] = ()  # what corral undid or noticed after the run
+    notes: tuple[str, ...] = ()  # what corral undid or noticed after the run, in words
+    audit: tuple[dict[str, str], ...] = ()  # the same, as data (see corral.audit.Action)
     unenforced_limits: tuple[str, ...] = ()  # requested, not enforceable here, allowed by name
     error: str | None = None  # status "error": corral lost sight of the run (one line)
 
@@ -66,7 +67,7 @@ class Result:
             "truncated": self.truncated, "workspace": self.workspace, "record": self.record,
             "run_id": self.run_id, "changes": [c.to_json() for c in self.changes],
             "changes_truncated": self.changes_truncated, "denials": list(self.denials),
-            "notes": list(self.notes),
+            "notes": list(self.notes), "audit": list(self.audit),
             "unenforced_limits": list(self.unenforced_limits), "error": self.error,
         }
 
@@ -178,28 +179,55 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
                                   runs_dir=runs_dir, facts=facts, own_workspace=own_workspace)
     sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
     before = {} if run_dir.fresh else workspace.snapshot(run_dir.workspace)
+    owner = (uid, gid) if facts.is_root else None
+    names = audit.protected_names(policy.protect)
+    census = audit.Census(((run_dir.workspace, owner),), names) if run_dir.fresh else \
+        audit.census_of_tree(run_dir.workspace, owner, names)
     record: dict[str, Any] = {
         "run_id": run_dir.run_id, "command": list(cmd), "profile": policy.name,
         "workspace": run_dir.workspace, "uid": uid, "gid": gid,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
     }
     workspace.write_record(run_dir.record_path, record)
+    actions: list[audit.Action] = []
     try:
-        limited, denials, record["egress_log"] = _execute(
-            sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace, run_dir.root,
-            capture, stdin)
-    except Exception as e:
-        record.update(status="error", error=str(e))
-        workspace.write_record(run_dir.record_path, record)
-        raise
-    changes, cut = workspace.collect(run_dir.workspace, before)
-    result = _result(limited, denials, cg_plan, workspace=run_dir.workspace,
+        with audit.audited(census, workspace.quarantine(run_dir.root), actions):
+            limited, denials, record["egress_log"] = _execute(
+                sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace, run_dir.root,
+                capture, stdin)
+            changes, cut = workspace.collect(run_dir.workspace, before)
+    except BaseException as e:
+        raise _unwound(e, record, run_dir.record_path, actions) from None
+    result = _result(limited, denials, cg_plan, actions, workspace=run_dir.workspace,
                      record=run_dir.record_path, run_id=run_dir.run_id,
                      changes=tuple(changes), changes_truncated=cut)
     record.update(result.to_json(), limits=limited.record)
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     workspace.write_record(run_dir.record_path, record)
     return result
+
+
+def _unwound(e: BaseException, record: dict[str, Any], path: str | None,
+             actions: list[audit.Action]) -> BaseException:
+    """The exception to pass on after a run that did not end normally (audited by then):
+    the record says how it ended and what the audit did; a CorralError and an
+    interruption carry the audit's lines for the CLI to print."""
+    lines = tuple(a.line() for a in actions)
+    interrupted = isinstance(e, KeyboardInterrupt | Interrupted)
+    if path is not None:
+        workspace.write_record(path, {**record, "status": "interrupted" if interrupted
+                                      else "error", "error": str(e),
+                                      "audit": [a.to_json() for a in actions],
+                                      "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                             time.gmtime())})
+    if isinstance(e, KeyboardInterrupt):
+        return Interrupted(2, lines)
+    if isinstance(e, Interrupted | CorralError):
+        e.notes = lines
+    else:  # a bug in corral: its traceback shows what the audit did all the same
+        for line in lines:
+            e.add_note(f"corral: the audit after the failure: {line}")
+    return e
 
 
 def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
@@ -212,19 +240,22 @@ def plan_agent(cmd: Sequence[str], policy: Policy, *, project: str,
 
 def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool = False,
               stdin: bytes | None = None, env: Sequence[tuple[str, str]] = (),
-              runs_dir: str | None = None, record: bool = True,
-              announce: Callable[[Sandbox], None] | None = None) -> Result:
+              runs_dir: str | None = None, record: bool = True, import_state: bool = False,
+              announce: Callable[[Sandbox, agent.Layout], None] | None = None) -> Result:
     """Run a coding agent (or one shell command) in ``project``; see :mod:`corral.agent`.
 
     With ``record``, a run record (no file listing: the project is the user's)
-    goes under the runs directory.  ``announce`` sees the sandbox just before launch.
+    goes under the runs directory.  ``import_state`` copies the agent's state into
+    corral's private copy again (see :mod:`corral.agent.state`).  ``announce`` sees the
+    sandbox just before launch.
     """
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
-    sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env)
+    sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env, prepare=True,
+                                     import_state=import_state)
     if announce is not None:
-        announce(sb)
+        announce(sb, layout)
     run_dir = workspace.record_dir(runs_dir or workspace.default_runs_dir(), layout.project) \
         if record else None
     entry: dict[str, Any] = {
@@ -235,19 +266,25 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     if run_dir is not None:
         entry["run_id"] = run_dir.run_id
         workspace.write_record(run_dir.record_path, entry)
+    owner = (sb.uid, sb.gid) if facts.is_root else None
+    census = audit.census_of_findings(  # the user's trees; not corral's copy of the state
+        [(e.path, owner) for e in layout.writable if e.kind == "dir" and not e.source],
+        layout.findings, audit.protected_names(policy.protect))
+    quarantine = workspace.quarantine(
+        run_dir.root if run_dir else None, runs_dir or workspace.default_runs_dir(),
+        layout.project)
+    actions: list[audit.Action] = []
     try:
-        limited, denials, entry["egress_log"] = _execute(
-            sb, policy, facts, cg_plan, run_dir.run_id if run_dir else workspace.new_run_id(),
-            layout.project, run_dir.root if run_dir else None, capture, stdin)
-    except Exception as e:
-        if run_dir is not None:
-            workspace.write_record(run_dir.record_path, {**entry, "status": "error",
-                                                         "error": str(e)})
-        raise
-    result = _result(limited, denials, cg_plan, workspace=layout.project,
+        with audit.audited(census, quarantine, actions):
+            limited, denials, entry["egress_log"] = _execute(
+                sb, policy, facts, cg_plan,
+                run_dir.run_id if run_dir else workspace.new_run_id(), layout.project,
+                run_dir.root if run_dir else None, capture, stdin)
+    except BaseException as e:
+        raise _unwound(e, entry, run_dir.record_path if run_dir else None, actions) from None
+    result = _result(limited, denials, cg_plan, actions, workspace=layout.project,
                      record=run_dir.record_path if run_dir else "",
-                     run_id=run_dir.run_id if run_dir else "",
-                     notes=tuple(repos.audit(layout.findings)))
+                     run_id=run_dir.run_id if run_dir else "")
     if run_dir is not None:
         workspace.write_record(run_dir.record_path, {
             **entry, **result.to_json(), "limits": limited.record,
@@ -256,10 +293,11 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
 
 
 def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan,
-            **where: Any) -> Result:
+            actions: Sequence[audit.Action], **where: Any) -> Result:
     """The Result of a finished launch; ``where`` names its workspace, record and changes."""
     outcome, used = limited.outcome, limited.usage
     return Result(
+        notes=tuple(a.line() for a in actions), audit=tuple(a.to_json() for a in actions),
         exit_code=outcome.exit_code, status=outcome.status, signal=outcome.signal,
         wall_s=outcome.wall_s, cpu_s=None if used is None else used.cpu_s,
         peak_memory_bytes=None if used is None else used.peak_memory_bytes,

@@ -65,10 +65,13 @@ class PathHandle(NamedTuple):
 
     Writable trees are bound this way: the launcher checks and opens the
     exact directory, so a path component swapped afterwards changes nothing.
+    ``no_links``: every component is reached without following a link (paths inside
+    writable trees, where another sandbox could swap one in at any moment).
     """
 
     path: str
     directory: bool = True
+    no_links: bool = False
 
 
 class FdTable(Protocol):
@@ -229,8 +232,14 @@ def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
     yield Flag(("--die-with-parent", "--new-session", "--hostname", sb.hostname))
 
 
-def parents(dest: str, made: set[str]) -> Iterator[Op]:
-    """--dir for each missing parent: bwrap 0.8 makes bind parents mode 0700 otherwise."""
+def parents(dest: str, made: set[str], modes: Mapping[str, int] | None = None
+            ) -> Iterator[Op]:
+    """--dir for each missing parent: bwrap 0.8 makes bind parents mode 0700 otherwise.
+
+    ``modes`` gives each parent's mode inside (the resolver derives it from the host's, so
+    that no parent is wider inside than the sandbox's user finds it on the host); 0755
+    for a parent it does not name.
+    """
     missing = []
     parent = os.path.dirname(dest)
     while parent not in ("/", "") and parent not in made:
@@ -238,16 +247,23 @@ def parents(dest: str, made: set[str]) -> Iterator[Op]:
         made.add(parent)
         parent = os.path.dirname(parent)
     for path in reversed(missing):
-        yield Dir(path)
+        yield Dir(path, (modes or {}).get(path, 0o755))
 
 
-def mount(m: Mount, made: set[str]) -> Iterator[Op]:
-    yield from parents(m.dest, made)
+def mount(m: Mount, made: set[str], modes: Mapping[str, int] | None = None) -> Iterator[Op]:
+    yield from parents(m.dest, made, modes)
     made.add(m.dest)
     if m.by_fd or m.writable:
         yield BindFd(PathHandle(m.source), m.dest, m.writable)
     else:
         yield RoBind(m.source, m.dest, m.optional)
+
+
+def mask(path: str, kind: str) -> list[Op]:
+    """``path`` shown empty and read-only: an empty tmpfs, or an empty file."""
+    if kind == "dir":
+        return [Tmpfs(path, None, 0o755), RemountRo(path)]
+    return [RoData(Data(path, b""), path, 0o444)]
 
 
 # /proc files that describe the launcher's session despite a fresh procfs: /proc/keys lists
@@ -265,11 +281,14 @@ def kernel_filesystems(shm_bytes: int) -> list[Op]:
 
 def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
                writable: Sequence[Mount], files: Sequence[tuple[str, bytes]],
-               tmp_bytes: int, shm_bytes: int) -> list[Op]:
+               tmp_bytes: int, shm_bytes: int, modes: Mapping[str, int] | None = None,
+               masks: Sequence[tuple[str, str]] = ()) -> list[Op]:
     """The filesystem of ``corral run``: steps 2 to 5 and 7 of the module docstring.
 
     ``usr_links`` are usr-merge symlinks such as ``("usr/bin", "/bin")``;
-    ``files`` are generated read-only files such as ``/etc/passwd``.
+    ``files`` are generated read-only files such as ``/etc/passwd``; ``modes``: see
+    :func:`parents`; ``masks`` are (path, "file" or "dir") inside read-only mounts to
+    show empty (credentials in a ``--ro`` folder).
     """
     made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
     ops: list[Op] = [RoBind("/usr", "/usr")]
@@ -277,9 +296,10 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     # Scratch before the read-only extras, so that an extra under /tmp is not covered.
     ops += [*kernel_filesystems(shm_bytes), Tmpfs("/tmp", tmp_bytes, 0o1777)]
     for m in base:
-        ops.extend(mount(m, made))
+        ops.extend(mount(m, made, modes))
+    ops.extend(op for path, kind in masks for op in mask(path, kind))
     for m in writable:
-        ops.extend(mount(m, made))
+        ops.extend(mount(m, made, modes))
     for dest, content in files:
         ops.extend(parents(dest, made))
         ops.append(RoData(Data(dest, content), dest))

@@ -12,17 +12,18 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, NoReturn
 
-from .errors import CorralError, UsageError
+from .errors import CorralError, Interrupted, UsageError
 
 SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]
        corral agent [options] -- AGENT [ARG...]
-       corral shell [options] (-c CMD | -- ARGV...)
+       corral shell [options] ([-l] -c CMD | --prefix STRING | -- ARGV...)
        corral mcp [options] [--transport stdio|http] [--host H --port N]
        corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
        corral batch JOBS.jsonl -o RESULTS.jsonl [--workers N] [--engine local|ray] [--resume]
@@ -127,10 +128,13 @@ def _agent_parser(a: argparse.ArgumentParser) -> None:
     _common(a, "claude, codex, pi, aider, gemini, generic, or a TOML file "
                "(default: from AGENT's name)")
     _agent_options(a)
+    a.add_argument("--import-state", action="store_true",
+                   help="copy the agent's settings from your real state folder into corral's "
+                   "private copy again (done by itself on first use)")
 
 
 def _shell_parser(s: argparse.ArgumentParser) -> None:
-    s.usage = "corral shell [options] (-c CMD | -- ARGV...)"
+    s.usage = "corral shell [options] ([-l] -c CMD | --prefix STRING | -- ARGV...)"
     s.description = ("Run CMD with /bin/bash -c (or /bin/sh), or ARGV as given, in this "
                      "project directory, with the same filesystem rules as corral agent and no "
                      "network unless --allow-domain: per-command isolation for agents that let "
@@ -138,6 +142,12 @@ def _shell_parser(s: argparse.ArgumentParser) -> None:
     _common(s, "generic (default), an agent's profile, or a TOML file")
     _agent_options(s)
     s.add_argument("-c", dest="command", metavar="CMD", help="the command, run by the shell")
+    s.add_argument("-l", dest="login", action="store_true",
+                   help="a login shell, like bash -l (also -lc CMD)")
+    s.add_argument("--prefix", action="store_true",
+                   help="as Claude Code's CLAUDE_CODE_SHELL_PREFIX: run the one argument "
+                   "that follows, Claude's whole command string (see docs/agents.md)")
+    s.add_argument("words", nargs="*", help=argparse.SUPPRESS)
 
 
 def _mcp_parser(m: argparse.ArgumentParser) -> None:
@@ -214,6 +224,9 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
 def _parser(verb: str | None) -> Parser:
     parser = Parser(prog="corral", usage=USAGE,
                     description="Sandbox AI coding agents and the scripts they write.")
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"corral {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
     for name, (help_text, fill) in VERBS.items():
         p = sub.add_parser(name, help=help_text)
@@ -352,6 +365,7 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
         return 0
     result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
                      capture=args.json, env=env, runs_dir=args.runs_dir)
+    _warn(result.notes)
     if result.unenforced_limits:
         print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
               f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
@@ -360,54 +374,6 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     ending = _ending(result, policy)
     if ending is not None and (not args.json or result.status == "error"):
         print(ending, file=sys.stderr)  # an error is said on stderr in --json mode too
-    return result.exit_code
-
-
-def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
-    from . import api
-    from .agent import note_environment, profile_for
-    from .host import detect
-    from .launch import dry_run_lines
-
-    if args.verb == "shell":
-        if (args.command is None) == (not cmd):
-            raise UsageError("corral shell needs exactly one command",
-                             "give it with -c CMD, or as ARGV after --",
-                             "write it like: corral shell -c 'make test'")
-        if args.command is not None:
-            shell = "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"
-            cmd = [shell, "-c", args.command]
-        policy = _policy(args, "generic")
-    else:
-        if not cmd:
-            raise UsageError("no agent given", "corral agent runs the command after --",
-                             "write it like: corral agent -- claude")
-        policy = _policy(args, profile_for(cmd))
-    env = _env(args.env)
-    project = os.getcwd()
-    if args.dry_run:
-        sb, layout = api.plan_agent(cmd, policy, project=project, env=env)
-        for e in layout.entries():
-            print(f"{e.access:<7} {e.kind:<4} {e.path}  ({e.reason})")
-        print()
-        print("\n".join(dry_run_lines(sb, detect().require_bwrap())))
-        return 0
-
-    def announce(sb: Any) -> None:
-        if args.verb != "agent":
-            return
-        print(note_environment(sb), file=sys.stderr)
-        print(network_line(policy.network), file=sys.stderr)
-
-    result = api.run_agent(cmd, policy, project=project, env=env, runs_dir=args.runs_dir,
-                           record=args.verb == "agent", announce=announce)
-    for note in result.notes:
-        print(f"corral: warning: {note}", file=sys.stderr)
-    if result.unenforced_limits:
-        print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
-              f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
-    if (ending := _ending(result, policy)) is not None:
-        print(ending, file=sys.stderr)
     return result.exit_code
 
 
@@ -443,16 +409,34 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0 if data["ready"] else 1
 
 
+def _warn(notes: Sequence[str]) -> None:
+    """What the audit did: one line each, on stderr."""
+    for note in notes:
+        print(f"corral: warning: {note}", file=sys.stderr)
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     argv = list(sys.argv[1:] if argv is None else argv)
     options, cmd = _split(argv)
     json_mode = "--json" in options
+    # Signals whose default is to end the process unwind like Ctrl-C: the sandbox is
+    # killed, the run audited and recorded, before corral exits 128+N (SIGKILL cannot be
+    # caught: see threat-model.md).
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+                signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(sig, _stop)
     try:
         verb = next((a for a in options if not a.startswith("-")), None)
         args = _parser(verb).parse_args(options)
         if args.verb == "run":
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):
+            from .cli_agent import cmd_agent
+
             code = cmd_agent(args, cmd)
         elif args.verb == "mcp" and not cmd:
             code = cmd_mcp(args)
@@ -473,10 +457,20 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         code = _reader_gone()
     except CorralError as e:
+        _warn(e.notes)
         print(f"corral: error: {e}", file=sys.stderr)
         if json_mode:
-            print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e)}))
+            print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e),
+                              "notes": list(e.notes)}))
         code = SETUP_FAILED
+    except Interrupted as e:
+        _warn(e.notes)
+        print(f"corral: interrupted (signal {e.signum}): the sandbox was stopped",
+              file=sys.stderr)
+        code = 128 + e.signum
+        if json_mode:
+            print(json.dumps({"status": "interrupted", "exit_code": code,
+                              "signal": e.signum, "notes": list(e.notes)}))
     except KeyboardInterrupt:
         code = 130
     try:
@@ -484,6 +478,15 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except BrokenPipeError:
         code = _reader_gone()
     sys.exit(code)
+
+
+def prefix_main() -> NoReturn:
+    """``corral-prefix STRING``: ``corral shell --prefix STRING``, as one program name.
+
+    Claude Code takes everything in ``CLAUDE_CODE_SHELL_PREFIX`` but its last word as the
+    program's path, so a prefix of more than two words cannot be given there.
+    """
+    main(["shell", "--prefix", *sys.argv[1:]])
 
 
 def _reader_gone() -> int:

@@ -8,28 +8,40 @@ and finds, at any depth, in nested and git-ignored repositories too:
   hook-manager configuration: kept read-only;
 * secret-looking files and folders: made to appear empty.
 
+Every directory between a writable tree's top and a protected or hidden path
+is pinned too (bound onto itself, so that ``rename(2)`` of it fails with
+EBUSY): renaming a parent would otherwise put something unprotected where the
+protected path was (``mv lib lib.orig; git init lib``).  A pin inside a
+read-only path is not needed (nothing there can be renamed) and not made.
+
 It fails closed: an unreadable folder, a tree too large to finish, a
-protected or secret name that is a symbolic link or has other hard links
-(the other name would stay writable or readable) stop the launch.
-:func:`verify_unchanged` re-checks every destination component by component
-just before launch (bwrap 0.8 follows symlinks while setting up, DESIGN fact
-7) and returns what corral's init checks once more inside the sandbox: that
-every re-mount really sits where it should (another sandbox in the same
-project could have raced bwrap's setup).
+protected or secret name that is a symbolic link, a FIFO or device, or has
+other hard links (the other name would stay writable or readable) stop the
+launch.  Every look goes through :mod:`corral.fsops`, by descriptor: nothing
+blocks, nothing is followed.  :func:`verify_unchanged` re-checks every
+destination component by component just before launch (bwrap 0.8 follows
+symlinks while setting up, DESIGN fact 7) and returns, for corral's init to
+check once more inside the sandbox, the device and inode of every one of them
+and of each tree's top: with every directory on the way pinned, that is every
+component between a tree's top and each re-mount.
 """
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import stat
 from collections.abc import Iterator, Sequence
 
-from . import repos
+from . import fsops, repos
 from .errors import UsageError
+from .fswalk import join, walk
 from .guard import Finding
+from .locate import land
 
-__all__ = ["MAX_MASKS", "MAX_SCANNED", "PROTECTED_NAMES", "scan", "verify_unchanged"]
+__all__ = ["MAX_MASKS", "MAX_SCANNED", "PROTECTED_NAMES", "scan", "secrets_in",
+           "verify_unchanged", "with_parents"]
 
 # Files and folders that something on the host executes or trusts later: an agent that
 # could rewrite them would escape the sandbox the next time the user runs git, their
@@ -52,8 +64,16 @@ SECRET_TEMPLATES = (".env.example", ".env.sample", ".env.template", ".env.dist",
                     ".env.defaults")
 SECRET_DIRS = frozenset({".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure",
                          ".password-store"})
+# Inside read-only exceptions (a program's folder, --ro): credential files too, by names
+# that would be too broad inside a project ("credentials.py" is code there).  Files only:
+# a program's folder holds code folders by these names (node_modules/typebox/.../token/).
+CREDENTIAL_GLOBS = ("credentials", "credentials.*", ".credentials*", "token", "*.token",
+                    "tokens", "tokens.*", "*_token", "*-token", "auth.json", "*.age",
+                    "hosts.yml", "*.kdbx")
 MAX_SCANNED = 500_000  # entries; past this the scan fails closed
-MAX_MASKS = 4_000  # protected and hidden paths; bwrap and the kernel cap mounts
+MAX_EXCEPTION = 100_000  # entries of one read-only exception checked for secret names
+MAX_MASKS = 4_000  # protected, hidden and pinned paths; bwrap and the kernel cap mounts
+PARENT = "on the way to a protected path: cannot be renamed or replaced"
 
 
 def _is_secret(name: str, allowed: Sequence[str]) -> bool:
@@ -68,128 +88,191 @@ def _refuse(path: str, what: str, why: str) -> UsageError:
                       "it with a plain file or folder, and start again")
 
 
-def scan(root: str, allowed_secrets: Sequence[str] = (), extra_protected: Sequence[str] = (),
-         roots: Sequence[str] = ()) -> list[Finding]:
-    """Every protected, hidden and pinned path beneath the writable tree ``root``.
+def scan(tree: fsops.Tree, scope: repos.Scope, allowed_secrets: Sequence[str] = (),
+         extra_protected: Sequence[str] = ()) -> list[Finding]:
+    """Every protected, hidden and pinned path beneath the writable tree ``tree``.
 
-    ``roots`` are all the writable trees of the sandbox (default: ``root``).
-    Walks without following symlinks; fails closed (UsageError) when the tree
-    is larger than MAX_SCANNED entries, cannot be read, or needs more than
-    MAX_MASKS mounts.
+    ``scope`` holds all the writable trees of the sandbox.  Fails closed (UsageError)
+    when the tree is larger than MAX_SCANNED entries, cannot be read, or holds a name
+    corral cannot protect.  Pins of parents are added by :func:`with_parents`.
     """
-    roots = tuple(roots) or (root,)
     protected = PROTECTED_NAMES | set(extra_protected)
-    found: dict[tuple[str, str], Finding] = {}
-    stack = [root]
-    count = 0
-    while stack:
-        directory = stack.pop()
-        try:
-            entries = list(os.scandir(directory))
-        except OSError as e:
-            raise UsageError(f"cannot scan {directory}", e.strerror or str(e),
-                             "fix its permissions, or start the agent elsewhere") from None
-        count += len(entries)
-        if count > MAX_SCANNED:
+    found: list[Finding] = []
+    try:
+        for here, entries in walk(tree, limit=MAX_SCANNED):
+            found += _directory(tree, scope, here, entries, protected, allowed_secrets)
+    except OSError as e:
+        if e.errno == errno.E2BIG:
             raise UsageError(
-                f"{root} holds more than {MAX_SCANNED} entries",
+                f"{tree.root} holds more than {MAX_SCANNED} entries",
                 "corral scans every writable tree for secrets, hooks and repositories "
                 "and refuses to start when it cannot finish",
-                "start the agent in a smaller project directory")
-        for entry in entries:
-            for f in _classify(entry, protected, allowed_secrets, stack, roots):
-                found.setdefault((f.path, f.action), f)
-    if len(found) > MAX_MASKS:
-        raise UsageError(f"{root} needs {len(found)} protected or hidden paths",
-                         f"corral mounts at most {MAX_MASKS}",
-                         "start the agent in a smaller project directory")
-    return list(found.values())
+                "start the agent in a smaller project directory") from None
+        raise UsageError(f"cannot scan {e.filename or tree.root}", e.strerror or str(e),
+                         "fix its permissions, or start the agent elsewhere") from None
+    return found
 
 
-def _classify(entry: os.DirEntry[str], protected: set[str] | frozenset[str],
-              allowed_secrets: Sequence[str], stack: list[str], roots: Sequence[str]
-              ) -> Iterator[Finding]:
-    name, path = entry.name, entry.path
-    is_link = entry.is_symlink()
-    is_dir = not is_link and entry.is_dir(follow_symlinks=False)
-    if name == ".git":
-        yield from _dot_git(path, is_link, is_dir, roots)
-        return
-    secret = (is_dir and name in SECRET_DIRS) or _is_secret(name, allowed_secrets)
-    if name in protected or secret:
-        if is_link:
-            raise _refuse(path, "is a symbolic link", "a link there reaches whatever it points "
-                          "at, which corral neither protects nor hides")
-        st = entry.stat(follow_symlinks=False)
-        if not is_dir and st.st_nlink > 1:
-            raise _refuse(path, f"has {st.st_nlink} hard links",
-                          "its other names would stay writable and readable")
-        kind = "dir" if is_dir else "file"
-        if name in protected:
-            yield Finding(path, "protect", kind, "run or trusted by tools on the host")
-        else:
-            yield Finding(path, "hide", kind, "looks like a secret")
-        return
-    if is_dir:
-        stack.append(path)
+def _directory(tree: fsops.Tree, scope: repos.Scope, here: str, entries: list[fsops.Entry],
+               protected: frozenset[str] | set[str], allowed: Sequence[str]) -> list[Finding]:
+    """What one directory's entries need; prunes ``entries`` to those to walk into."""
+    if here and repos.is_git_dir({e.name for e in entries}):  # a bare repository
+        entries.clear()
+        return list(repos.git_findings(scope, tree, here, tree.path(here)))
+    found: list[Finding] = []
+    keep = []
+    for e in entries:
+        rel = join(here, e.name)
+        if e.name == ".git":
+            found += _dot_git(tree, scope, rel, e.kind)
+            continue
+        secret = (e.kind == "dir" and e.name in SECRET_DIRS) or _is_secret(e.name, allowed)
+        if e.name in protected or secret:
+            found.append(_named(tree, rel, e.kind, e.name in protected))
+            continue
+        keep.append(e)
+    entries[:] = keep
+    return found
 
 
-def _dot_git(path: str, is_link: bool, is_dir: bool, roots: Sequence[str]
-             ) -> Iterator[Finding]:
-    if is_link:
+def _named(tree: fsops.Tree, rel: str, kind: str, protected: bool) -> Finding:
+    path = tree.path(rel)
+    if kind == "link":
+        raise _refuse(path, "is a symbolic link", "a link there reaches whatever it points "
+                      "at, which corral neither protects nor hides")
+    if kind not in ("dir", "file"):
+        raise _refuse(path, f"is a {kind}", "corral mounts over plain files and folders only")
+    st = tree.lstat(rel)
+    if st is not None and kind == "file" and st.st_nlink > 1:
+        raise _refuse(path, f"has {st.st_nlink} hard links",
+                      "its other names would stay writable and readable")
+    if kind == "dir":
+        _no_hard_links(tree, rel)
+    if protected:
+        return Finding(path, "protect", kind, "run or trusted by tools on the host")
+    return Finding(path, "hide", kind, "looks like a secret")
+
+
+def _no_hard_links(tree: fsops.Tree, rel: str) -> None:
+    """A protected or hidden folder whose files have other names elsewhere is refused: the
+    other name would stay writable (or readable).  Fails closed past MAX_EXCEPTION."""
+    try:
+        for here, entries in walk(tree, rel, limit=MAX_EXCEPTION, stats=True):
+            for e in entries:
+                if e.kind == "file" and e.st is not None and e.st.st_nlink > 1:
+                    raise _refuse(tree.path(join(here, e.name)), f"has {e.st.st_nlink} hard "
+                                  "links", "its other names would stay writable and readable")
+    except OSError as e:
+        raise UsageError(f"cannot check {tree.path(rel)} for hard links",
+                         e.strerror or str(e), "make it smaller, or fix its permissions"
+                         ) from None
+
+
+def _dot_git(tree: fsops.Tree, scope: repos.Scope, rel: str, kind: str) -> Iterator[Finding]:
+    path = tree.path(rel)
+    if kind == "link":
         raise _refuse(path, "is a symbolic link", "git follows it to find hooks and config")
     worktree = os.path.dirname(path)
-    if is_dir:
-        yield from repos.git_findings(path, worktree, roots)
+    if kind == "dir":
+        yield from repos.git_findings(scope, tree, rel, worktree)
         return
+    if kind != "file":
+        raise _refuse(path, f"is a {kind}", "git would open it to find the repository, and "
+                      "corral will not")
     # A .git file ("gitdir: ..."): a worktree, a submodule, or --separate-git-dir.
-    yield Finding(path, "protect", "file", "points git at a git directory")
-    target = repos.gitfile_target(path)
-    if target is not None and any(target == r or target.startswith(r.rstrip("/") + "/")
-                                  for r in roots):
-        yield from repos.git_findings(target, worktree, roots, main=False)
+    yield _named(tree, rel, "file", True)._replace(reason="points git at a git directory")
+    target = repos.gitfile_target(tree, rel)
+    if target is None:
+        return
+    spot = land(target, scope.roots, "the git directory a .git file names")
+    if spot.tree is None or spot.st is None:
+        return
+    if not stat.S_ISDIR(spot.st.st_mode):
+        raise _refuse(spot.path, "is not a directory", "a .git file names it as a git directory")
+    yield from repos.git_findings(scope, spot.tree, spot.rel, worktree, main=False)
 
 
-def verify_unchanged(root: str, findings: Sequence[Finding]) -> list[list[object]]:
-    """Just before launch: every mount destination under ``root`` is reached through real
-    directories only (bwrap 0.8 follows symlinks while setting up, DESIGN fact 7).
-
-    Returns ``[path, action, dev, ino]`` for each, for corral's init to check
-    from inside that the mounts landed where they should.
-    """
-    expected: list[list[object]] = []
-    top = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        for f in findings:
-            rel = os.path.relpath(f.path, root)
-            if rel.startswith(".."):
+def with_parents(findings: Sequence[Finding], scope: repos.Scope) -> list[Finding]:
+    """``findings`` (first of each path and action kept) and a pin for every directory
+    between a writable tree's top and each of them, outside read-only ones.  Raises when
+    that needs more than MAX_MASKS mounts."""
+    out: dict[tuple[str, str], Finding] = {}
+    for f in findings:
+        out.setdefault((f.path, f.action), f)
+    paths = {f.path for f in out.values()}
+    read_only = [f.path for f in out.values() if f.action == "protect" and f.kind == "dir"]
+    for f in list(out.values()):
+        held = scope.roots.find(f.path)
+        if held is None:
+            continue
+        tree, rel = held
+        parts = fsops.split(rel)
+        for i in range(1, len(parts)):
+            parent = tree.path("/".join(parts[:i]))
+            if parent in paths or any(_inside(parent, r) for r in read_only):
                 continue
-            st = _walk_components(top, rel.split("/"), f)
-            expected.append([f.path, f.action, st.st_dev, st.st_ino])
-    finally:
-        os.close(top)
+            paths.add(parent)
+            out[(parent, "pin")] = Finding(parent, "pin", "dir", PARENT)
+    if len(out) > MAX_MASKS:
+        raise UsageError(f"the writable trees need {len(out)} protected, hidden or pinned paths",
+                         f"corral mounts at most {MAX_MASKS}",
+                         "start the agent in a smaller project directory")
+    return list(out.values())
+
+
+def secrets_in(path: str) -> list[Finding]:
+    """Secret and credential names beneath the read-only folder ``path`` (outside every
+    writable tree), to hide there too.  Fails closed past MAX_EXCEPTION entries."""
+    found = []
+    with fsops.Tree(path) as tree:
+        try:
+            for here, entries in walk(tree, limit=MAX_EXCEPTION):
+                keep = []
+                for e in entries:
+                    secret = (e.name in SECRET_DIRS
+                              or any(fnmatch.fnmatchcase(e.name, g) for g in SECRET_GLOBS)
+                              or (e.kind == "file" and any(fnmatch.fnmatchcase(e.name, g)
+                                                           for g in CREDENTIAL_GLOBS)))
+                    if secret and e.kind in ("dir", "file"):
+                        found.append(Finding(tree.path(join(here, e.name)), "hide", e.kind,
+                                             "a credential inside a read-only exception"))
+                    elif e.kind == "dir":
+                        keep.append(e)
+                entries[:] = keep
+        except OSError as e:
+            raise UsageError(f"cannot check {path} for credentials", e.strerror or str(e),
+                             "name a smaller folder, or fix its permissions") from None
+    return found
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def verify_unchanged(tree: fsops.Tree, findings: Sequence[Finding]) -> list[list[object]]:
+    """Just before launch: every mount destination beneath ``tree`` is reached through real
+    directories only (bwrap 0.8 follows symlinks while setting up, DESIGN fact 7), and is
+    still the kind of thing it was.
+
+    Returns ``[path, action, dev, ino]`` for the tree's top and each destination, for
+    corral's init to check from inside that every mount landed where it should.
+    """
+    top = os.fstat(tree.fd)
+    expected: list[list[object]] = [[tree.root, "pin", top.st_dev, top.st_ino]]
+    for f in findings:
+        if f.origin == "planned" or not _inside(f.path, tree.root) or f.path == tree.root:
+            continue
+        try:
+            st = tree.components(os.path.relpath(f.path, tree.root))[-1]
+        except FileNotFoundError:
+            raise UsageError(f"{f.path} disappeared while corral was starting", "",
+                             "start again") from None
+        except OSError:
+            st = None
+        if st is None or stat.S_ISLNK(st.st_mode) or stat.S_ISDIR(st.st_mode) != (
+                f.kind == "dir"):
+            raise UsageError(f"{f.path} changed while corral was starting",
+                             "a path component is now a symlink or another kind of file",
+                             "stop whatever is changing the project and start again")
+        expected.append([f.path, f.action, st.st_dev, st.st_ino])
     return expected
-
-
-def _walk_components(top: int, parts: list[str], f: Finding) -> os.stat_result:
-    fd = top
-    try:
-        for i, part in enumerate(parts):
-            nxt = os.open(part, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            if fd != top:
-                os.close(fd)
-            fd = nxt
-            st = os.fstat(fd)
-            last = i == len(parts) - 1
-            if stat.S_ISLNK(st.st_mode) or (not last and not stat.S_ISDIR(st.st_mode)) or (
-                    last and stat.S_ISDIR(st.st_mode) != (f.kind == "dir")):
-                raise UsageError(f"{f.path} changed while corral was starting",
-                                 "a path component is now a symlink or another kind of file",
-                                 "stop whatever is changing the project and start again")
-        return st
-    except FileNotFoundError:
-        raise UsageError(f"{f.path} disappeared while corral was starting", "",
-                         "start again") from None
-    finally:
-        if fd != top:
-            os.close(fd)

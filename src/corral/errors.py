@@ -5,6 +5,8 @@
      │    └── ProfileError a profile that is malformed or has unknown keys
      ├── HostError         this host cannot enforce a protection the policy asks for
      └── LaunchError       the sandbox could not be set up at launch
+    Interrupted            (a BaseException, like KeyboardInterrupt) SIGTERM or SIGHUP
+                           reached the CLI: the run is unwound, audited, and ends
 
 Every message has one shape, ``WHAT; WHY; HOW TO FIX``, on one line, so the
 CLI can print ``corral: error: <message>`` and exit 125.  The library never
@@ -13,7 +15,8 @@ prints or exits; the CLI maps this whole tree to exit status 125 in one place.
 
 from __future__ import annotations
 
-__all__ = ["CorralError", "HostError", "LaunchError", "ProfileError", "UsageError"]
+__all__ = ["CorralError", "HostError", "Interrupted", "LaunchError", "ProfileError",
+           "UsageError"]
 
 
 class CorralError(Exception):
@@ -22,6 +25,7 @@ class CorralError(Exception):
     def __init__(self, what: str, why: str = "", fix: str = "") -> None:
         parts = [p.strip().replace("\n", " ") for p in (what, why, fix) if p.strip()]
         super().__init__("; ".join(parts))
+        self.notes: tuple[str, ...] = ()  # what the audit did before this reached the caller
 
 
 class UsageError(CorralError):
@@ -38,3 +42,14 @@ class HostError(CorralError):
 
 class LaunchError(CorralError):
     """bwrap or corral's in-sandbox init failed before the command started."""
+
+
+class Interrupted(BaseException):
+    """A signal asked corral to stop (the CLI raises it from SIGTERM and SIGHUP), so that
+    everything unwinds in order: the sandbox killed, the run audited, the record written.
+    A BaseException like KeyboardInterrupt: ``except Exception`` does not swallow it."""
+
+    def __init__(self, signum: int, notes: tuple[str, ...] = ()) -> None:
+        super().__init__(f"stopped by signal {signum}")
+        self.signum = signum
+        self.notes = notes  # what the audit did while the run unwound

@@ -14,11 +14,13 @@ operation here:
 * opens files ``O_NONBLOCK | O_NOCTTY`` and checks the type with ``fstat`` after opening, so
   a FIFO never blocks and a device never becomes a terminal; reads are capped;
 * creates through the parent's descriptor and inspects through the new object's own;
-* started by root, on a tree owned by someone else, acts with the owner's identity
-  (:func:`acting_as`): the thread's filesystem uid and gid and its groups become the owner's
-  for the operation.  What root creates there is the owner's from birth (no ``chown`` by path
-  afterwards), and a swapped path can never turn root's ``mkdir`` or ``open`` onto a file the
-  owner could not touch.
+* started by root, on a tree owned by someone else, creates, writes, removes and renames
+  with the owner's identity (:func:`acting_as`): the thread's filesystem uid and gid and
+  its groups become the owner's for the operation (looking and reading keep root's: what
+  the owner locked away with chmod it could also unlock, so corral must see it).  What
+  root creates there is the owner's from birth (no ``chown`` by path afterwards), and a
+  swapped path can never turn root's ``mkdir`` or ``open`` onto a file the owner could not
+  touch.
 
 Nothing found beneath a tree is ever executed or trusted to name what gets mounted: it is data
 (DESIGN, wave 2, root 1).
@@ -27,185 +29,35 @@ Nothing found beneath a tree is ever executed or trusted to name what gets mount
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import os
-import platform
 import stat
-import threading
 from collections.abc import Iterator
 from types import TracebackType
+from typing import NamedTuple
 
-__all__ = ["Tree", "acting_as", "open_beneath", "reason", "remove_tree", "split"]
+# The openat2 walk and the owner's identity, which every Tree operation rests on.
+from .beneath import (
+    DIR_FLAGS,
+    PATH_FLAGS,
+    _read_capped,
+    acting_as,
+    kind_of,
+    open_beneath,
+    read_file,
+    reason,
+    split,
+)
 
-# openat2(2): include/uapi/linux/openat2.h; the number is the same on every architecture.
-SYS_OPENAT2 = 437
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_NO_SYMLINKS = 0x04
-RESOLVE_BENEATH = 0x08
-RESOLVE = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
-# setgroups(2) as a raw system call changes only the calling thread's groups; the C
-# library's wrapper would change every thread's (and the egress proxy's thread must keep
-# root's).
-SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
-PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-EAGAIN_RETRIES = 16  # openat2 says EAGAIN when a rename raced the lookup; try again
+__all__ = ["Entry", "Tree", "acting_as", "kind_of", "open_beneath", "read_file", "reason",
+           "remove_tree", "split"]
 
+class Entry(NamedTuple):
+    """One name in a directory and what it is (a link is a link, never its target)."""
 
-# What a refused operation beneath a tree means, in words a user can act on.
-REASONS = {
-    errno.ELOOP: "a symbolic link is on the way, and links are never followed",
-    errno.EXDEV: "the path leaves the tree",
-    errno.ENOTDIR: "a part of the path is not a directory",
-    errno.ENOENT: "no such file or directory",
-    errno.EISDIR: "it is a directory",
-    errno.EEXIST: "something that is not a directory is in the way",
-    errno.EFBIG: "it is larger than the limit",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "permission denied",
-}
-
-
-def reason(e: OSError) -> str:
-    """Why a :class:`Tree` operation failed, in one short phrase."""
-    return REASONS.get(e.errno or 0, e.strerror or str(e))
-
-
-class OpenHow(ctypes.Structure):
-    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64),
-                ("resolve", ctypes.c_uint64)]
-
-
-class _Kernel:
-    """Whether openat2 works here, learnt on first use (a process-wide fact, like host.detect)."""
-
-    def __init__(self) -> None:
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self.openat2: bool | None = None
-
-
-_KERNEL: list[_Kernel] = []  # one per process, made on first use (nothing at import)
-
-
-def _kernel() -> _Kernel:
-    if not _KERNEL:
-        _KERNEL.append(_Kernel())
-    return _KERNEL[0]
-
-
-def split(rel: str) -> list[str]:
-    """The components of a relative path beneath a tree; refuses what could leave it."""
-    parts = [p for p in rel.split("/") if p not in ("", ".")]
-    if rel.startswith("/") or ".." in parts or "\0" in rel:
-        raise OSError(errno.EXDEV, f"{rel!r} does not stay beneath its tree")
-    return parts
-
-
-def open_beneath(dirfd: int, rel: str, flags: int, mode: int = 0) -> int:
-    """Open ``rel`` beneath the directory ``dirfd``, never through a symbolic link.
-
-    ``rel`` empty (or ``.``) opens the directory itself again.  ``O_NOFOLLOW`` and
-    ``O_CLOEXEC`` are always added: a symbolic link as the last component is refused too
-    (``ELOOP``), except with ``O_PATH``, which opens the link itself.
-    """
-    parts = split(rel)
-    flags |= os.O_NOFOLLOW | os.O_CLOEXEC
-    if not parts:
-        return os.open(".", flags, dir_fd=dirfd)
-    k = _kernel()
-    if k.openat2 is not False:
-        fd = _openat2(k, dirfd, "/".join(parts), flags, mode)
-        if fd is not None:
-            return fd
-    return _walk_open(dirfd, parts, flags, mode)
-
-
-def _openat2(k: _Kernel, dirfd: int, rel: str, flags: int, mode: int) -> int | None:
-    how = OpenHow(flags, mode if flags & os.O_CREAT else 0, RESOLVE)
-    path = os.fsencode(rel)
-    for _ in range(EAGAIN_RETRIES):
-        fd = int(k.libc.syscall(SYS_OPENAT2, ctypes.c_int(dirfd), ctypes.c_char_p(path),
-                                ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))))
-        if fd >= 0:
-            k.openat2 = True
-            return fd
-        err = ctypes.get_errno()
-        if err == errno.ENOSYS and k.openat2 is None:
-            k.openat2 = False  # before Linux 5.6, or filtered: the component walk does it
-            return None
-        if err != errno.EAGAIN:
-            raise OSError(err, os.strerror(err), rel)
-    raise OSError(errno.EAGAIN, "the tree kept changing while corral opened a path", rel)
-
-
-def _walk_open(dirfd: int, parts: list[str], flags: int, mode: int) -> int:
-    """The same lookup without openat2: one component at a time, each a real directory."""
-    fd = dirfd
-    try:
-        for part in parts[:-1]:
-            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=fd)
-            if fd != dirfd:
-                os.close(fd)
-            fd = nxt
-        return os.open(parts[-1], flags, mode, dir_fd=fd)
-    finally:
-        if fd != dirfd:
-            os.close(fd)
-
-
-def _setgroups(groups: list[int]) -> None:
-    number = SYS_SETGROUPS.get(platform.machine())
-    if number is None:
-        raise OSError(errno.ENOSYS, f"no thread-local setgroups known on {platform.machine()}")
-    array = (ctypes.c_uint32 * max(len(groups), 1))(*groups)
-    libc = _kernel().libc
-    if libc.syscall(ctypes.c_long(number), ctypes.c_int(len(groups)), array) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"setgroups: {os.strerror(err)}")
-
-
-def _set_fs_ids(uid: int, gid: int) -> None:
-    libc = _kernel().libc
-    libc.setfsgid(ctypes.c_uint32(gid))
-    libc.setfsuid(ctypes.c_uint32(uid))
-    # setfsuid(2) cannot report failure; asking with an invalid id returns the current one.
-    now_uid = libc.setfsuid(ctypes.c_uint32(0xFFFFFFFF))
-    now_gid = libc.setfsgid(ctypes.c_uint32(0xFFFFFFFF))
-    if (now_uid, now_gid) != (uid, gid):
-        raise OSError(errno.EPERM, f"could not act as uid {uid}, gid {gid}")
-
-
-_ACTING = threading.local()
-
-
-@contextlib.contextmanager
-def acting_as(owner: tuple[int, int] | None) -> Iterator[None]:
-    """Within the block, this thread's file operations are ``owner``'s (uid, gid).
-
-    Only when started by root and ``owner`` is someone else; otherwise nothing changes.
-    The filesystem uid and gid and the supplementary groups are per thread in Linux, so
-    other threads (the egress proxy) keep root's.  Leaving the block restores root's, on
-    every path; a failure to restore is fatal to the process, never ignored.
-    """
-    if owner is None or os.geteuid() != 0 or owner[0] == 0 or getattr(_ACTING, "on", False):
-        yield
-        return
-    uid, gid = owner
-    saved = os.getgroups()
-    _setgroups([gid])
-    try:
-        _set_fs_ids(uid, gid)
-        _ACTING.on = True
-        yield
-    finally:
-        _ACTING.on = False
-        try:
-            _set_fs_ids(0, 0)
-            _setgroups(saved)
-        except OSError:  # a root thread stuck with a user's identity must not go on
-            os.abort()
+    name: str
+    kind: str  # see kind_of
+    st: os.stat_result | None = None  # its lstat, when asked for (Tree.scandir(stats=True))
 
 
 class Tree:
@@ -248,8 +100,11 @@ class Tree:
         return os.path.join(self.root, *split(rel))
 
     def open(self, rel: str, flags: int, mode: int = 0o600) -> int:
-        """A descriptor for ``rel``; the caller closes it.  Creation is as the owner."""
-        with acting_as(self.owner):
+        """A descriptor for ``rel``; the caller closes it.  Opening to create or write is
+        as the owner; looking and reading keep the launcher's rights (root then sees what
+        the owner hid from itself with chmod, and could undo: the scan must see it too)."""
+        writing = flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR | os.O_TRUNC)
+        with acting_as(self.owner if writing else None):
             return open_beneath(self.fd, rel, flags, mode)
 
     def lstat(self, rel: str) -> os.stat_result | None:
@@ -272,17 +127,7 @@ class Tree:
         regular file (a FIFO, a socket, a device, a directory: none of them is ever opened
         for reading).  Over ``cap`` bytes: ``EFBIG``."""
         fd = self._regular(rel, os.O_RDONLY)
-        if fd is None:
-            return None
-        try:
-            data = bytearray()
-            while len(data) <= cap and (chunk := os.read(fd, min(1 << 16, cap + 1 - len(data)))):
-                data += chunk
-            if len(data) > cap:
-                raise OSError(errno.EFBIG, f"larger than {cap} bytes", self.path(rel))
-            return bytes(data)
-        finally:
-            os.close(fd)
+        return None if fd is None else _read_capped(fd, cap, self.path(rel))
 
     def _regular(self, rel: str, flags: int) -> int | None:
         """``rel`` opened with ``flags`` if it is a regular file, else None.
@@ -298,7 +143,8 @@ class Tree:
         try:
             if not stat.S_ISREG(os.fstat(handle).st_mode):
                 return None
-            with acting_as(self.owner):
+            writing = flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC)
+            with acting_as(self.owner if writing else None):
                 return os.open(f"/proc/self/fd/{handle}",
                                flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         finally:
@@ -319,8 +165,7 @@ class Tree:
         link in its place is ``ELOOP`` (never followed), anything else ``EEXIST``.  Returns
         the directory's own stat.
         """
-        *parents, name = split(rel)
-        parent = self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY)
+        parent, name = self.parent(rel)
         try:
             with acting_as(self.owner):
                 with contextlib.suppress(FileExistsError):
@@ -376,8 +221,7 @@ class Tree:
 
     def unlink(self, rel: str) -> None:
         """Remove the non-directory ``rel`` (a link itself, never its target)."""
-        *parents, name = split(rel)
-        parent = self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY)
+        parent, name = self.parent(rel)
         try:
             with acting_as(self.owner):
                 os.unlink(name, dir_fd=parent)
@@ -385,14 +229,15 @@ class Tree:
             os.close(parent)
 
     def rename(self, rel: str, dest: Tree, dest_rel: str) -> None:
-        """Move ``rel`` to ``dest_rel`` beneath ``dest`` (which may be this tree)."""
-        *src_parents, src_name = split(rel)
-        *dst_parents, dst_name = split(dest_rel)
-        src = self.open("/".join(src_parents), os.O_PATH | os.O_DIRECTORY)
+        """Move ``rel`` to ``dest_rel`` beneath ``dest`` (which may be this tree): as the
+        owner within one tree; into another (the audit's quarantine, the launcher's own)
+        with the launcher's rights, which the owner lacks there."""
+        src, src_name = self.parent(rel)
         try:
-            dst = dest.open("/".join(dst_parents), os.O_PATH | os.O_DIRECTORY)
+            dst, dst_name = dest.parent(dest_rel)
             try:
-                os.rename(src_name, dst_name, src_dir_fd=src, dst_dir_fd=dst)
+                with acting_as(self.owner if dest is self else None):
+                    os.rename(src_name, dst_name, src_dir_fd=src, dst_dir_fd=dst)
             finally:
                 os.close(dst)
         finally:
@@ -414,6 +259,100 @@ class Tree:
             return os.fstat(handle)
         finally:
             os.close(handle)
+
+    # -- more than one name at a time --------------------------------------------------
+
+    def parent(self, rel: str) -> tuple[int, str]:
+        """An ``O_PATH`` descriptor of ``rel``'s directory (the caller closes it), and its
+        last name: for the ``*at`` calls, which never follow a last-component link."""
+        *parents, name = split(rel)
+        if not name:
+            raise OSError(errno.EINVAL, "the top of a tree has no parent here", self.root)
+        return self.open("/".join(parents), os.O_PATH | os.O_DIRECTORY), name
+
+    def scandir(self, rel: str = "", stats: bool = False) -> list[Entry]:
+        """The entries of directory ``rel`` with their kinds, links not followed; with
+        ``stats``, each one's lstat too (relative to the directory's own descriptor)."""
+        fd = self.open(rel, DIR_FLAGS)
+        try:
+            with os.scandir(fd) as it:
+                return [Entry(e.name, _entry_kind(e), _entry_stat(e) if stats else None)
+                        for e in it]
+        finally:
+            os.close(fd)
+
+    def components(self, rel: str) -> list[os.stat_result]:
+        """The stat of the top and of every component down to ``rel``, each reached
+        beneath the one before without following a link (the last may be a link)."""
+        out, fd = [os.fstat(self.fd)], self.fd
+        try:
+            for part in split(rel):
+                nxt = open_beneath(fd, part, os.O_PATH)
+                if fd != self.fd:
+                    os.close(fd)
+                fd = nxt
+                out.append(os.fstat(fd))
+            return out
+        finally:
+            if fd != self.fd:
+                os.close(fd)
+
+    def readlink(self, rel: str) -> str:
+        """What the symbolic link ``rel`` says (never followed)."""
+        parent, name = self.parent(rel)
+        try:
+            return os.readlink(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def write_new(self, rel: str, data: bytes, mode: int = 0o644) -> os.stat_result:
+        """Create the file ``rel`` (it must not exist) as the owner, holding ``data``."""
+        fd = self.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            return os.fstat(fd)
+        finally:
+            os.close(fd)
+
+    def symlink(self, target: str, rel: str) -> None:
+        """Create the link ``rel`` -> ``target`` as the owner (``target`` is only text)."""
+        parent, name = self.parent(rel)
+        try:
+            with acting_as(self.owner):
+                os.symlink(target, name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+    def rmdir(self, rel: str) -> None:
+        """Remove the empty directory ``rel`` (never a link's target)."""
+        parent, name = self.parent(rel)
+        try:
+            with acting_as(self.owner):
+                os.rmdir(name, dir_fd=parent)
+        finally:
+            os.close(parent)
+
+
+def _entry_stat(e: os.DirEntry[str]) -> os.stat_result | None:
+    try:
+        return e.stat(follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _entry_kind(e: os.DirEntry[str]) -> str:
+    if e.is_symlink():
+        return "link"
+    if e.is_dir(follow_symlinks=False):
+        return "dir"
+    if e.is_file(follow_symlinks=False):
+        return "file"
+    try:
+        return kind_of(e.stat(follow_symlinks=False).st_mode)
+    except FileNotFoundError:
+        return "other"
 
 
 REMOVE_DEPTH = 64  # directories open at once while removing; deeper ones are moved up first

@@ -68,7 +68,7 @@ def check_writable_root(path: str, what: str, home: str | None = None, *,
         raise UsageError(f"refusing to make {shown} writable: it is a system directory",
                          "the sandbox must never write there",
                          "run from a project directory such as ~/src/myproject")
-    found = [c for c in CREDENTIAL_DIRS if os.path.lexists(os.path.join(real, c))]
+    found = _credentials_in(real)
     if found and not corrals_own:
         raise UsageError(
             f"refusing to make {shown} writable: it holds credentials ({', '.join(found)})",
@@ -76,6 +76,22 @@ def check_writable_root(path: str, what: str, home: str | None = None, *,
             "run from a project directory that holds no credentials",
         )
     return real
+
+
+def _credentials_in(real: str) -> list[str]:
+    """The credential names present in ``real``, looked up through fsops (the folder may be
+    a payload's to change): a link on the way (``ELOOP``) is not followed, and not counted."""
+    from . import fsops  # only agent and workspace checks need it
+
+    found = []
+    with fsops.Tree(real) as tree:
+        for name in CREDENTIAL_DIRS:
+            try:
+                if tree.lstat(name) is not None:
+                    found.append(name)
+            except OSError:
+                continue  # not a folder on the way, or a link: nothing there to protect
+    return found
 
 
 def _homes(home: str | None) -> set[str]:
@@ -141,3 +157,6 @@ class Finding(NamedTuple):
     action: str  # "protect" (read-only), "hide" (empty, read-only), "pin" (bound onto itself)
     kind: str  # "file" or "dir"
     reason: str
+    # "": found there; "placeholder": an empty file corral made so that nothing else can be
+    # created there (removed after the run); "planned": --dry-run, would be made at launch
+    origin: str = ""

@@ -68,7 +68,8 @@ class HostFacts(NamedTuple):
     def require_bwrap(self) -> str:
         if self.bwrap is None:
             raise HostError(
-                "bwrap was not found on PATH",
+                "bwrap was not found on PATH (one that is not root's, in a folder of root's "
+                "no one else can write, is never used: CORRAL_BWRAP names it anyway)",
                 "corral runs every sandbox with bubblewrap",
                 "install it: sudo apt-get install bubblewrap (Debian, Ubuntu), "
                 "sudo dnf install bubblewrap (Fedora)",
@@ -154,10 +155,37 @@ def _python() -> tuple[str, str]:
     return exe, prefix
 
 
+def _system_owned(path: str) -> bool:
+    """Whether the file ``path`` and its folder are root's and writable by no one else:
+    nothing a sandbox (or another user) wrote could be there.  A plain user inside a user
+    namespace (corral run within a sandbox) sees root's files as the overflow uid."""
+    owners = {0} if os.geteuid() == 0 else {0, int(_read("/proc/sys/kernel/overflowuid")
+                                                   or 65534)}
+    for here in (path, os.path.dirname(path)):
+        try:
+            st = os.stat(here)
+        except OSError:
+            return False
+        if st.st_uid not in owners or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            return False
+    return True
+
+
+def find_bwrap() -> str | None:
+    """The first bwrap on PATH that is the system's: a ``bwrap`` in a folder a payload
+    could write (a project's ``bin`` on PATH) is never started, not even for its version
+    (DESIGN, wave 2, root 1).  Any other is named with CORRAL_BWRAP."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(folder, "bwrap") if os.path.isabs(folder) else ""
+        if candidate and shutil.which(candidate) and _system_owned(os.path.realpath(candidate)):
+            return candidate
+    return None
+
+
 @functools.cache
 def detect() -> HostFacts:
     """Probe the host once; later calls return the same facts."""
-    bwrap = os.environ.get("CORRAL_BWRAP") or shutil.which("bwrap")
+    bwrap = os.environ.get("CORRAL_BWRAP") or find_bwrap()
     bwrap = os.path.realpath(bwrap) if bwrap else None
     setuid = False
     if bwrap is not None:

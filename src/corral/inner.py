@@ -12,6 +12,7 @@ corral's checkout or virtualenv.  In order, it:
     checks that every re-mount inside a writable tree sits where it should;
  3. with egress, starts the bridge (``/run/corral/bridge.py``): listening on
     127.0.0.1 *before* the fork, so the payload's first request never races it;
+    checks that it is the PID the seccomp filter protects, with one thread;
  4. forks; the child sets rlimits, applies Landlock, stacks the payload's own
     seccomp filter when the config has one (bwrap's filter already covers
     this whole process tree), moves the real stderr in place, closes every
@@ -223,6 +224,23 @@ def check_mounts(expected: list[list[Any]]) -> None:
                              "the project while the sandbox was being set up")
 
 
+def check_alone(expected: int | None) -> None:
+    """This process is PID ``expected`` of the sandbox and has one thread.
+
+    The seccomp filter lets the payload change limits and scheduling of any pid or
+    thread id but bwrap's PID 1 and this PID (corral.syscalls.CORRAL_PIDS): the kernel
+    checks only the uid, and a thread of ours under another id would be reachable.
+    """
+    if expected is None:
+        return
+    threads = len(os.listdir("/proc/self/task"))
+    if os.getpid() != expected or threads != 1:
+        raise SetupError(f"corral's init is PID {os.getpid()} with {threads} thread(s), not "
+                         f"PID {expected} with one; the seccomp filter keeps the payload away "
+                         "from that PID only, so it could change the init's limits; report "
+                         "this with 'bwrap --version', or pass --allow no-seccomp")
+
+
 def prefer_oom_kill() -> None:
     """Make the payload, not the init, the first to go when memory runs out.
 
@@ -243,11 +261,26 @@ def set_rlimits(limits: dict[str, list[int]]) -> None:
         resource.setrlimit(RLIMITS[name], (soft, hard))
 
 
+def take_terminal(fd: int) -> None:
+    """In the payload, before exec: a session of its own, with corral's pty (``fd``) as its
+    controlling terminal, so keys such as ^C and window resizes reach it the usual way."""
+    import fcntl
+    import termios
+
+    os.setsid()
+    try:
+        fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
+    except OSError as e:
+        raise SetupError(f"cannot take corral's terminal: {e.strerror}") from None
+
+
 def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
     """In the forked child: confine, then exec.  Never returns."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
+        if cfg.get("tty") is not None:
+            take_terminal(int(cfg["tty"]))
         os.umask(0o022)
         os.chdir(cfg.get("cwd", "/"))
         prefer_oom_kill()
@@ -285,13 +318,6 @@ def start_bridge(cfg: dict[str, Any]) -> Any:
     return scope["Bridge"](spec)
 
 
-def _forward(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except OSError:  # the payload has just ended
-        return
-
-
 class Reporter:
     """JSON lines to the launcher's status descriptor."""
 
@@ -326,6 +352,7 @@ def run(config_fd: int, argv: list[str]) -> int:
         check_mounts(cfg.get("expect_mounts", []))
         _libc().prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the payload may not read our fds
         bridge = start_bridge(cfg)
+        check_alone(cfg.get("pid"))
         report_r, report_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
     except (SetupError, OSError) as e:
@@ -342,9 +369,6 @@ def run(config_fd: int, argv: list[str]) -> int:
         report.send(event="error", message=failure.decode(errors="replace"))
         return SETUP_FAILED
     report.send(event="started", pid=pid)
-    # The terminal's resize signal reaches the launcher's process group, not this new
-    # session: the launcher forwards it here, and we pass it on to the payload.
-    signal.signal(signal.SIGWINCH, lambda *_: _forward(pid, signal.SIGWINCH))
     status = os.waitpid(pid, 0)[1] if bridge is None else bridge.serve(pid)
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import bwrap
+from . import bwrap, fsops, tty
 from .bwrap import Data, PathHandle, Sandbox
 from .errors import HostError, LaunchError
 
@@ -83,7 +83,7 @@ class Handles:
             if item.directory:
                 flags |= os.O_DIRECTORY
             try:
-                fd = os.open(item.path, flags)
+                fd = _open_handle(item.path, flags, item.no_links)
             except OSError as e:
                 raise LaunchError(f"cannot open {item.path} for binding", e.strerror or "",
                                   "check that it exists and is not a symlink") from None
@@ -102,6 +102,18 @@ class Handles:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._by_key.clear()
+
+
+def _open_handle(path: str, flags: int, no_links: bool) -> int:
+    """``path`` opened with ``flags``; with ``no_links``, from ``/`` without following a
+    link in any component (see corral.fsops): a swapped-in link fails, never leads out."""
+    if not no_links:
+        return os.open(path, flags)
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return fsops.open_beneath(root, path.lstrip("/"), flags)
+    finally:
+        os.close(root)
 
 
 def memfd(name: str, content: bytes) -> int:
@@ -172,6 +184,8 @@ class Launch:
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid1_fd: int | None = None
         self.outcome = Outcome(status="error", exit_code=CORRAL_FAILED)
+        # Interactive: the sandbox gets a pty of ours, never the user's terminal (corral.tty).
+        self.terminal = None if capture else tty.Terminal.attach(stdin=stdin is None)
 
     # -- setup ---------------------------------------------------------------
 
@@ -184,6 +198,8 @@ class Launch:
         """bwrap's argv and the descriptors it must inherit."""
         config = dict(bwrap.init_config(self.sb), status_fd=status_w, stderr_fd=stderr_fd,
                       cwd=self.sb.chdir)
+        if self.terminal is not None:  # the descriptor the init makes its terminal
+            config["tty"] = self.terminal.sandbox_fd(stderr_fd)
         config_fd = self.handles.fd(Data("init-config", marshal.dumps(config)))
         ops = bwrap.build_ops(self.sb, status_fd=json_w)
         words = bwrap.render(ops, self.handles)
@@ -212,6 +228,12 @@ class Launch:
             self.in_r, self.in_w = self._pipe()
             stdin = self.in_r
             os.set_blocking(self.in_w, False)
+        if self.terminal is not None:
+            stdin = self.terminal.child_fd(0) if stdin is None else stdin
+            stdout = self.terminal.child_fd(1)
+            if (pty_err := self.terminal.child_fd(2)) is not None:
+                self._close(stderr_fd)
+                stderr_fd = pty_err
         argv, keep = self.argv(status_w, json_w, stderr_fd)
         def popen(preexec: Callable[[], None] | None) -> subprocess.Popen[bytes]:
             return subprocess.Popen(
@@ -219,7 +241,6 @@ class Launch:
                 env={}, cwd="/", restore_signals=True, preexec_fn=preexec)
 
         self.started_at = time.monotonic()
-        self._forward_resizes()
         try:
             self.proc = popen(None) if self.cgroup is None else self.cgroup.spawn(popen)
         except OSError as e:
@@ -233,29 +254,19 @@ class Launch:
                 self._close(stderr_fd)
             if self.stdin_data is not None:
                 self._close(self.in_r)
+        if self.terminal is not None:
+            self.terminal.started(self._freezer())
 
-    def _forward_resizes(self) -> None:
-        """On a terminal, pass window-size changes on to the sandbox.
+    def _freezer(self) -> tty.Freezer:
+        """What ^Z freezes the run with: its v2 cgroup, root's v1 freezer, or signals."""
+        v2 = self.cgroup.unique[0] if self.cgroup and self.cgroup.version == 2 else None
+        v1 = None
+        if v2 is None and os.geteuid() == 0:
+            from .host import detect
 
-        The sandbox runs in a session of its own (``--new-session``: no terminal
-        injection), so the terminal's SIGWINCH reaches only our process group;
-        corral's init passes it on to the payload.
-        """
-        if self.capture or not os.isatty(0):
-            return
-        with contextlib.suppress(ValueError):  # not the main thread: no resizes
-            self._old_winch = signal.signal(signal.SIGWINCH, self._on_winch)
-
-    def _on_winch(self, signum: int, frame: object) -> None:
-        pid1 = self.outcome.sandbox_pid
-        if pid1 is None:
-            return
-        try:
-            with open(f"/proc/{pid1}/task/{pid1}/children") as f:
-                init = int(f.read().split()[0])
-            os.kill(init, signal.SIGWINCH)
-        except (OSError, ValueError, IndexError):
-            pass  # the run is ending
+            mount = detect().cgroups.v1_mount("freezer")
+            v1 = os.path.join(mount, "corral", f"tty-{os.urandom(6).hex()}") if mount else None
+        return tty.Freezer(lambda: self.outcome.sandbox_pid, v2, v1)
 
     def _close(self, fd: int) -> None:
         if fd in self.fds:
@@ -279,6 +290,11 @@ class Launch:
         if self.stdin_data is not None:
             self._stdin_view = memoryview(self.stdin_data)
             sel.register(self.in_w, selectors.EVENT_WRITE)
+        relayed = self.terminal.fds() if self.terminal is not None else []
+        for fd in relayed:
+            sel.register(fd, selectors.EVENT_READ)
+        if relayed:
+            readers.append(relayed[0])  # the pty's output is drained like a pipe
         proc_fd = os.pidfd_open(self.proc.pid)
         self.fds.append(proc_fd)
         sel.register(proc_fd, selectors.EVENT_READ)
@@ -313,6 +329,9 @@ class Launch:
                         deadline = time.monotonic() + KILL_GRACE_S
                     elif self.stdin_data is not None and fd == self.in_w:
                         self._feed(sel)
+                    elif fd in relayed:
+                        if not self._relay(fd):
+                            sel.unregister(fd)
                     else:
                         self._read(sel, fd, bufs)
         finally:
@@ -323,6 +342,13 @@ class Launch:
             o.stdout, o.stderr = bytes(bufs[self.out_r]), bytes(bufs[self.cerr_r])
         self._finish(bytes(bufs[self.err_r]))
         return o
+
+    def _relay(self, fd: int) -> bool:
+        assert self.terminal is not None
+        try:
+            return self.terminal.ready(fd)
+        except OSError:  # the user's terminal is gone (hung up): stop reading it
+            return False
 
     def _watch_due(self) -> float | None:
         if self.watch is None or self.outcome.status in LIMIT_STATUSES:
@@ -451,10 +477,8 @@ class Launch:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
-        old = getattr(self, "_old_winch", None)
-        if old is not None:
-            signal.signal(signal.SIGWINCH, old)
-            self._old_winch = None
+        if self.terminal is not None:
+            self.terminal.close()
 
 
 @contextlib.contextmanager

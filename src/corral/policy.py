@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 
 from .errors import UsageError
 
-__all__ = ["Allow", "Limits", "Network", "Policy", "parse_duration", "parse_size"]
+__all__ = ["Allow", "Limits", "Network", "Policy", "State", "parse_duration", "parse_size"]
 
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\Z", re.IGNORECASE)
@@ -93,6 +93,13 @@ def check_env_name(name: str) -> str:
     return name
 
 
+def passed(names: Sequence[str], environ: Mapping[str, str]) -> list[tuple[str, str]]:
+    """The variables of ``environ`` that ``names`` pass: exact names, or ``PREFIX_*``."""
+    prefixes = tuple(n[:-1] for n in names if n.endswith("*"))
+    exact = [(n, environ[n]) for n in names if not n.endswith("*") and n in environ]
+    return exact + [(k, v) for k, v in environ.items() if prefixes and k.startswith(prefixes)]
+
+
 def _positive(obj: object, names: tuple[str, ...]) -> None:
     for name in names:
         value = getattr(obj, name)
@@ -160,6 +167,35 @@ class Allow:
 
 
 @dataclass(frozen=True, slots=True)
+class State:
+    """Agent mode: the agent's state, kept in corral's private copy (see corral.agent.state).
+
+    Paths are ``~/...`` in the agent's home.  ``dirs`` are mounted writable from corral's
+    copy; the real ones never are.  ``imports`` (real path, path in the copy) are copied
+    in when the copy is made or on ``--import-state``; ``credentials`` are copied in from
+    the real files at every launch, and never written back.
+    """
+
+    dirs: tuple[str, ...] = ()
+    imports: tuple[tuple[str, str], ...] = ()
+    credentials: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for path in (*self.dirs, *(p for pair in self.imports for p in pair),
+                     *self.credentials):
+            if not path.startswith("~/") or ".." in path.split("/"):
+                raise UsageError(f"state path {path!r} is not inside the home directory",
+                                 "an agent's state paths are written ~/NAME",
+                                 "write it like ~/.claude")
+            check_policy_path(path, "state path")
+        for path in (*(dest for _, dest in self.imports), *self.credentials):
+            if not any(path.startswith(d.rstrip("/") + "/") for d in self.dirs):
+                raise UsageError(f"state path {path!r} is not inside a state folder",
+                                 "imports and credentials land in corral's copy of one",
+                                 f"list its folder in dirs, or fix the path ({self.dirs})")
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """What one sandbox may do.  Built from a profile plus flags; see :mod:`corral.profiles`."""
 
@@ -173,6 +209,7 @@ class Policy:
     hidden: tuple[str, ...] = ()  # agent mode: extra paths that appear empty
     protect: tuple[str, ...] = ()  # agent mode: extra names kept read-only in writable trees
     allow_secrets: tuple[str, ...] = ()  # agent mode: secret-looking names left visible
+    state: State = field(default_factory=State)  # agent mode: the agent's private state
     home: str | None = None  # agent mode: the agent's home directory, instead of the owner's
     venv: str | None = None  # a virtualenv, read-only, first on PATH
     user: str | None = None  # started by root: who the payload runs as (NAME or UID[:GID])
@@ -186,7 +223,7 @@ class Policy:
                 raise UsageError(f"environment variable {name} contains NUL", "",
                                  "remove the NUL byte")
         for name in self.pass_env:
-            check_env_name(name)
+            check_env_name(name.removesuffix("*") if name.endswith("_*") else name)
         for group, what in ((self.read_only, "read-only path"), (self.writable, "writable path"),
                             (self.hidden, "hidden path")):
             for path in group:

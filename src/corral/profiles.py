@@ -13,6 +13,10 @@ Schema (every key optional)::
     [env]         set = { NAME = "value" }   pass = ["NAME"]
     [filesystem]  read_only, writable, hidden = ["/abs/path", "~/in/home"]
                   protect, allow_secrets = ["name or glob"]  (agent mode)
+    [state]       dirs = ["~/.claude"]  (agent mode: corral's private copy, mounted there)
+                  import = ["~/.claude/settings.json"]  copied in when the copy is made
+                  import_to = { "~/.claude.json" = "~/.claude/.claude.json" }  (same, moved)
+                  credentials = ["~/.claude/.credentials.json"]  copied in at every launch
     [network]     allow = ["api.example.com", "*.example.com:443"]   deny = [...]
                   resolve = { "api.test" = "127.0.0.1" }  (pins, like --resolve)
     [ipc]         unix_sockets = false   (default true: may the payload create AF_UNIX sockets)
@@ -29,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from .errors import ProfileError, UsageError
-from .policy import Allow, Limits, Network, Policy, parse_duration, parse_size
+from .policy import Allow, Limits, Network, Policy, State, parse_duration, parse_size
 
 __all__ = ["builtin_profiles", "load_profile", "policy_from_mapping",
            "profile_for_command"]
@@ -107,6 +111,8 @@ SECTIONS: dict[str, dict[str, Check] | Check] = {
     "env": {"set": _string_table, "pass": _strings},
     "filesystem": {"read_only": _strings, "writable": _strings, "hidden": _strings,
                    "protect": _strings, "allow_secrets": _strings},
+    "state": {"dirs": _strings, "import": _strings, "import_to": _string_table,
+              "credentials": _strings},
     "network": {"allow": _strings, "deny": _strings, "resolve": _string_table},
     "ipc": {"unix_sockets": _bool},
     "allow": dict.fromkeys(Allow.names(), _bool),
@@ -150,6 +156,7 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
     net = p.get("network", {})
     allow = p.get("allow", {})
     fs = p.get("filesystem", {})
+    st = p.get("state", {})
     try:
         return Policy(
             name=name,
@@ -163,6 +170,10 @@ def policy_from_mapping(data: Mapping[str, Any], name: str, where: str) -> Polic
             hidden=fs.get("hidden", ()),
             protect=fs.get("protect", ()),
             allow_secrets=fs.get("allow_secrets", ()),
+            state=State(dirs=tuple(d.rstrip("/") for d in st.get("dirs", ())),
+                        imports=(*((x, x) for x in st.get("import", ())),
+                                 *st.get("import_to", ())),
+                        credentials=st.get("credentials", ())),
             unix_sockets=p.get("ipc", {}).get("unix_sockets", True),
             allow=Allow(**{k.replace("-", "_"): v for k, v in allow.items()}),
         )

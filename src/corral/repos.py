@@ -1,41 +1,68 @@
 """Git repositories inside writable trees: what git obeys stays out of the agent's reach.
 
-An agent must be able to commit, so a repository's git directory stays
-writable, but git *runs* or *obeys* some of what is in it, later, on the host,
-outside any sandbox.  For every git directory found (``.git`` folders, the
-target of a ``.git`` file, submodule and worktree git directories):
+An agent must be able to commit, so a repository's git directory stays writable, but git
+*runs* or *obeys* some of what is in it, later, on the host, outside any sandbox.  A git
+directory is anything git would open as one: a ``.git`` folder, the target of a ``.git``
+file, a bare repository (``HEAD``, ``objects/``, ``refs/``) under any name, submodule and
+worktree git directories.  For each:
 
-* the git directory is bound onto itself ("pinned"), so that it cannot be
-  renamed away and replaced;
-* ``config``, ``config.worktree``, ``hooks`` (created if missing), ``info``,
-  and the hook folder and included files its config names, are read-only;
-* ``modules`` and ``worktrees`` are read-only (created empty if missing), so no
-  new submodule or worktree git directory, with a config of its own, can
-  appear; existing ones are pinned writable with their own control files
-  read-only;
-* ``commondir`` (which would redirect git to another config and hooks) is
-  refused in a main git directory before launch, and :func:`audit` removes
-  one created during the run, since a mount cannot cover what does not exist;
-* a control file with more than one hard link is refused: the other name
-  would stay writable.
+* it is bound onto itself ("pinned"), so that it cannot be renamed away and replaced;
+* ``config``, ``config.worktree``, ``hooks`` (created if missing), ``info`` are read-only;
+  so are the files its config includes (``include.path``, every ``includeIf`` whatever its
+  condition, ``~`` and relative forms, nested includes), the hook folder it names
+  (``core.hooksPath``), and the program of every key git runs (``core.fsmonitor``,
+  ``core.sshCommand``, ``alias.*``, filters, ...) when they lie in a writable tree; what
+  is named but missing gets an empty read-only placeholder, so that it cannot be created;
+  with ``extensions.worktreeConfig`` set, so does a missing ``config.worktree``;
+* hook entries that are links are followed: their targets in a writable tree are
+  read-only too; a link on the way inside a writable tree is refused;
+* ``modules`` and ``worktrees`` are read-only (created empty if missing), so no new
+  submodule or worktree git directory can appear; existing ones are pinned writable with
+  their own control files read-only;
+* ``commondir`` (which would redirect git to another config and hooks) is refused in a
+  main git directory before launch (:mod:`corral.audit` removes one created meanwhile);
+* a control file that is not a plain file or folder (a FIFO), is too large to read, has
+  other hard links, or a config git itself could not parse, is refused.
+
+The global config files (``~/.gitconfig``, ``~/.config/git/config``, ``/etc/gitconfig``)
+are read too: what they include or name inside a writable tree is protected the same way,
+and their ``core.hooksPath`` applies to every repository.  All reads and creations under
+writable trees go through :mod:`corral.fsops`; nothing found is ever run.
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import re
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from typing import NamedTuple
 
+from . import fsops, gitconfig
 from .errors import UsageError
+from .fswalk import walk
 from .guard import Finding
+from .locate import Landing, Roots, land
 
-__all__ = ["audit", "git_findings", "gitfile_target"]
+__all__ = ["GITDIR", "LINKED", "Scope", "gather", "git_findings", "gitfile_target", "global_config",
+           "is_git_dir"]
 
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
 CREATED = ("hooks", "modules", "worktrees")  # made to exist, so that they can be read-only
-_SECTION = re.compile(r"\s*\[\s*([A-Za-z0-9.-]+)(?:\s+\"[^\"]*\")?\s*\]")
-_KEY = re.compile(r"\s*([A-Za-z][A-Za-z0-9-]*)\s*=\s*(.*?)\s*$")
+CONFIG_CAP = 1 << 20  # bytes of one config file; a larger one is refused
+NESTED_CAP = 100_000  # entries walked in one git directory's modules/ or worktrees/
+GITDIR = "git directory: cannot be renamed or replaced"  # the reason of a git directory's pin
+LINKED = "a submodule's or worktree's git directory: cannot be renamed or replaced"
+GLOBAL_CONFIGS = ("/etc/gitconfig", "~/.config/git/config", "~/.gitconfig")  # git's order
+
+
+class Scope(NamedTuple):
+    """What every git directory of one sandbox is judged against."""
+
+    roots: Roots  # the writable trees
+    home: str  # what ``~`` means to the user's git on the host
+    create: bool  # make what must exist (hooks/, placeholders); False for --dry-run
+    inherited: tuple[tuple[str, str | None], ...] = ()  # entries of the global config files
 
 
 def _refuse(path: str, what: str, why: str) -> UsageError:
@@ -44,138 +71,213 @@ def _refuse(path: str, what: str, why: str) -> UsageError:
                       "and start again")
 
 
-def _ensure_dir(path: str, owner: os.stat_result) -> None:
-    """Create ``path`` for ``owner``; another launch in the same project may just have."""
-    try:
-        os.mkdir(path, 0o755)
-    except FileExistsError:
-        return  # the caller's lstat checks what it is
-    if os.geteuid() == 0:
-        os.chown(path, owner.st_uid, owner.st_gid)
+def is_git_dir(names: set[str]) -> bool:
+    """Whether a directory listing is one git opens as a repository (setup.c)."""
+    return "HEAD" in names and ("commondir" in names or {"objects", "refs"} <= names)
 
 
-def _control(gitdir: str, name: str, reason: str) -> Finding | None:
-    """A read-only finding for ``gitdir/name``; refuses links; None when it is absent."""
-    path = os.path.join(gitdir, name)
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        if name not in CREATED:
-            return None
-        _ensure_dir(path, os.stat(gitdir))
-        st = os.lstat(path)
+def _control(scope: Scope, tree: fsops.Tree, rel: str, reason: str) -> Finding | None:
+    """A read-only finding for the control path ``rel``; refuses what cannot be one."""
+    path, name = tree.path(rel), os.path.basename(rel)
+    st = tree.lstat(rel)
+    if st is None and name in CREATED:
+        if not scope.create:
+            return Finding(path, "protect", "dir", reason, origin="planned")
+        st = tree.mkdir(rel)
+    if st is None:
+        return None
     if stat.S_ISLNK(st.st_mode):
         raise _refuse(path, "is a symbolic link", "git follows it to its hooks and config")
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise _refuse(path, f"is a {fsops.kind_of(st.st_mode)}", "git reads it as a control "
+                      "file, and corral will not open or mount it")
     if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
         raise _refuse(path, f"has {st.st_nlink} hard links",
                       "its other names would stay writable")
     return Finding(path, "protect", "dir" if stat.S_ISDIR(st.st_mode) else "file", reason)
 
 
-def git_findings(gitdir: str, worktree: str, roots: Sequence[str], main: bool = True
-                 ) -> Iterator[Finding]:
-    """Everything to re-mount for the git directory ``gitdir`` of the work tree ``worktree``.
-
-    ``roots`` are the writable trees: a path git's config names outside them is
-    read-only anyway.  ``main`` is false for submodule and worktree git
-    directories, whose ``commondir`` is legitimate (and then read-only).
-    """
-    yield Finding(gitdir, "pin", "dir", "git directory: cannot be renamed or replaced")
-    if main and os.path.lexists(os.path.join(gitdir, "commondir")):
-        raise _refuse(os.path.join(gitdir, "commondir"), "exists in a main git directory",
+def git_findings(scope: Scope, tree: fsops.Tree, gitdir: str, worktree: str,
+                 main: bool = True) -> Iterator[Finding]:
+    """Everything to re-mount for the git directory ``gitdir`` (relative to ``tree``) of
+    the work tree ``worktree`` (absolute; the git directory itself when bare).  ``main``
+    is false for submodule and worktree git directories, whose ``commondir`` is
+    legitimate (and then read-only)."""
+    yield Finding(tree.path(gitdir), "pin", "dir", GITDIR if main else LINKED)
+    if main and tree.lstat(f"{gitdir}/commondir") is not None:
+        raise _refuse(tree.path(f"{gitdir}/commondir"), "exists in a main git directory",
                       "git would take its config and hooks from wherever it points")
     names = (*CONTROL, "modules", "worktrees") + (() if main else ("commondir", "gitdir"))
     for name in names:
-        found = _control(gitdir, name, "git runs or obeys it on the host")
+        found = _control(scope, tree, f"{gitdir}/{name}", "git runs or obeys it on the host")
         if found is not None:
             yield found
+    yield from _hook_links(scope, tree, f"{gitdir}/hooks")
     for sub in ("modules", "worktrees"):
-        yield from _nested(os.path.join(gitdir, sub), roots)
-    yield from _named_by_config(os.path.join(gitdir, "config"), gitdir, worktree, roots)
+        yield from _nested(scope, tree, f"{gitdir}/{sub}")
+    cfg = tree.path(f"{gitdir}/config")
+    entries, included = gather(scope, cfg)
+    yield from included
+    if _worktree_config(entries) and tree.lstat(f"{gitdir}/config.worktree") is None:
+        yield from _protect(scope, tree.path(f"{gitdir}/config.worktree"),
+                            "extensions.worktreeConfig makes git read it", "file")
+    worktree_cfg = tree.path(f"{gitdir}/config.worktree")
+    if tree.lstat(f"{gitdir}/config.worktree") is not None:
+        more, included = gather(scope, worktree_cfg)
+        entries += more
+        yield from included
+    yield from _named(scope, [*scope.inherited, *entries], worktree)
 
 
-def _nested(folder: str, roots: Sequence[str]) -> Iterator[Finding]:
+def _worktree_config(entries: list[tuple[str, str | None]]) -> bool:
+    """Whether git would read config.worktree; a value it cannot read as false counts."""
+    values = [v for n, v in entries if n == "extensions.worktreeconfig"]
+    return bool(values) and (values[-1] or "true").strip().lower() not in (
+        "false", "no", "off", "0", "")
+
+
+def _nested(scope: Scope, tree: fsops.Tree, folder: str) -> Iterator[Finding]:
     """Existing submodule and worktree git directories: writable, their control read-only."""
-    for root, dirs, files in os.walk(folder):
-        if "HEAD" in files and ("config" in files or "commondir" in files):
-            dirs.clear()
-            yield from git_findings(root, root, roots, main=False)
-
-
-def _config_paths(config: str) -> Iterator[tuple[str, str]]:
-    """(key, value) of ``core.hooksPath`` and every ``include``/``includeIf`` path."""
-    try:
-        with open(config, encoding="utf-8", errors="replace") as f:
-            lines = f.read(1 << 20).splitlines()
-    except OSError:
+    if tree.lstat(folder) is None:
         return
-    section = ""
-    for line in lines:
-        head = _SECTION.match(line)
-        if head is not None:
-            section = head.group(1).lower()
-            continue
-        pair = _KEY.match(line)
-        if pair is None:
-            continue
-        key, value = pair.group(1).lower(), pair.group(2).strip('"')
-        if (section, key) == ("core", "hookspath") or (
-                section in ("include", "includeif") and key == "path"):
-            yield key, value
+    for here, entries in walk(tree, folder, limit=NESTED_CAP):
+        names = {e.name for e in entries}
+        if "HEAD" in names and ("config" in names or "commondir" in names):
+            entries.clear()
+            yield from git_findings(scope, tree, here, tree.path(here), main=False)
 
 
-def _named_by_config(config: str, gitdir: str, worktree: str, roots: Sequence[str]
-                     ) -> Iterator[Finding]:
-    """The hook folder and included files a config names, when they lie in a writable tree."""
-    for key, value in _config_paths(config):
-        if value.startswith("~/") or value.startswith("$"):
-            continue  # in the home directory, which is read-only unless listed
-        base = worktree if key == "hookspath" else gitdir  # how git resolves each
-        path = os.path.normpath(os.path.join(base, value))
-        if not any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots):
-            continue
-        if not os.path.lexists(path) and key == "hookspath":
-            _ensure_dir(path, os.stat(gitdir))
-        if os.path.lexists(path):
-            if os.path.islink(path):
-                raise _refuse(path, "is a symbolic link", f"the git config names it ({key})")
-            kind = "dir" if os.path.isdir(path) else "file"
-            yield Finding(path, "protect", kind, f"named by the git config ({key})")
+def _hook_links(scope: Scope, tree: fsops.Tree, hooks: str) -> Iterator[Finding]:
+    """The targets of hook entries that are links, when a writable tree holds them; a hook
+    file with another hard link is refused (the other name is writable)."""
+    if tree.lstat(hooks) is None:  # --dry-run: hooks/ is made at launch
+        return
+    for here, entries in walk(tree, hooks, limit=NESTED_CAP, stats=True):
+        for e in entries:
+            rel = f"{here}/{e.name}"
+            if e.kind == "file" and e.st is not None and e.st.st_nlink > 1:
+                raise _refuse(tree.path(rel), f"has {e.st.st_nlink} hard links",
+                              "git runs it, and its other names would stay writable")
+            if e.kind == "link":
+                path = os.path.join(tree.path(here), tree.readlink(rel))
+                yield from _protect(scope, path, f"the hook {e.name} links to it", "file")
 
 
-def gitfile_target(path: str) -> str | None:
-    """The git directory a ``.git`` file points at ("gitdir: ..."), resolved; None if none."""
+def _protect(scope: Scope, path: str, reason: str, kind: str) -> Iterator[Finding]:
+    """``path`` (as git would open it) read-only when it lands in a writable tree; missing
+    there, a placeholder of ``kind`` is made so that it cannot be created."""
+    spot = land(path, scope.roots, reason, create=kind if scope.create else None)
+    if spot.tree is None:
+        return
+    if spot.st is None:
+        if scope.create:
+            raise _refuse(path, "cannot be made in advance (a '..' after a missing folder)",
+                          reason)
+        yield Finding(spot.path, "protect", kind, reason, origin="planned")
+        return
+    if not (stat.S_ISREG(spot.st.st_mode) or stat.S_ISDIR(spot.st.st_mode)):
+        raise _refuse(spot.path, f"is a {fsops.kind_of(spot.st.st_mode)}", reason)
+    if stat.S_ISREG(spot.st.st_mode) and spot.st.st_nlink > 1:
+        raise _refuse(spot.path, f"has {spot.st.st_nlink} hard links",
+                      "its other names would stay writable")
+    kind = "dir" if stat.S_ISDIR(spot.st.st_mode) else "file"
+    origin = "placeholder" if spot.made and kind == "file" else ""
+    yield Finding(spot.path, "protect", kind, reason, origin=origin)
+    if kind == "dir" and spot.tree is not None:
+        yield from _hook_links(scope, spot.tree, spot.rel)
+
+
+def _config(spot: Landing) -> list[tuple[str, str | None]]:
+    """The entries of one config file (not following includes); refuses what git would."""
+    if spot.st is None:
+        return []
+    if not stat.S_ISREG(spot.st.st_mode):
+        raise _refuse(spot.path, f"is a {fsops.kind_of(spot.st.st_mode)}, not a file",
+                      "git reads it as configuration")
     try:
-        with open(path, "rb") as f:
-            head = f.read(4096).decode(errors="replace")
-    except OSError:
+        data = spot.tree.read(spot.rel, CONFIG_CAP) if spot.tree is not None else \
+            fsops.read_file(spot.path, CONFIG_CAP)
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        raise _refuse(spot.path, f"is larger than {CONFIG_CAP} bytes",
+                      "corral reads all of a git config before it trusts any of it") from None
+    try:
+        return gitconfig.parse(data or b"")
+    except gitconfig.ConfigError as e:
+        raise _refuse(spot.path, f"cannot be read as git reads it ({e})",
+                      "corral cannot tell what git would obey in it") from None
+
+
+def gather(scope: Scope, path: str, depth: int = 0
+           ) -> tuple[list[tuple[str, str | None]], list[Finding]]:
+    """The entries of the config file ``path`` with its includes inlined, as git reads
+    them, and a read-only finding for each included file in a writable tree.  An include
+    condition is never evaluated (protect more): each might apply."""
+    spot = land(path, scope.roots, "a git config")
+    entries: list[tuple[str, str | None]] = []
+    found: list[Finding] = []
+    for name, value in _config(spot):
+        entries.append((name, value))
+        section, sub, key = gitconfig.split_name(name)
+        included = key == "path" and (name == "include.path" or (section == "includeif"
+                                                                 and sub is not None))
+        if not included or not value or depth + 1 >= gitconfig.MAX_INCLUDE_DEPTH:
+            continue
+        target = gitconfig.expand(value, scope.home)
+        if target is None:
+            continue  # relative to git's own installation: never in a writable tree
+        target = os.path.join(os.path.dirname(spot.path), target)
+        found += _protect(scope, target, "included by a git config", "file")
+        more, deeper = gather(scope, target, depth + 1)
+        entries += more
+        found += deeper
+    return entries, found
+
+
+def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str
+           ) -> Iterator[Finding]:
+    """The hook folder and the programs a config names, resolved as git resolves them."""
+    for key in gitconfig.HOOK_FOLDERS:  # core.hooksPath; init.templateDir's hooks get copied
+        values = [v for n, v in entries if n == key and v]
+        path = gitconfig.expand(values[-1], scope.home) if values else None  # the last wins
+        if path is not None:
+            yield from _protect(scope, os.path.join(worktree, path),
+                                f"a folder of hooks git's config names ({key})", "dir")
+    for name, word in gitconfig.commands(entries):
+        path = gitconfig.expand(word, scope.home)
+        if path is not None and "/" in path:  # a bare name is looked up on PATH
+            yield from _protect(scope, os.path.join(worktree, path),
+                                f"a program git runs ({name})", "file")
+
+
+def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], list[Finding]]:
+    """The entries of the user's global git config files (includes inlined), and what they
+    include inside the writable trees; their programs and hook folder count for every
+    repository (see :func:`git_findings`)."""
+    entries: list[tuple[str, str | None]] = []
+    found: list[Finding] = []
+    for raw in GLOBAL_CONFIGS:
+        path = gitconfig.expand(raw, scope.home)
+        if path is not None:
+            more, named = gather(scope, path)
+            entries += more
+            found += named
+    return tuple(entries), found
+
+
+def gitfile_target(tree: fsops.Tree, rel: str) -> str | None:
+    """The git directory a ``.git`` file points at ("gitdir: ..."), as an absolute path
+    (not resolved: :func:`locate.land` does that); None when it says no such thing."""
+    try:
+        head = tree.read(rel, 4096)
+    except OSError as e:
+        if e.errno != errno.EFBIG:
+            raise
+        raise _refuse(tree.path(rel), "is larger than a .git file can be",
+                      "git reads it to find the repository") from None
+    text = (head or b"").decode(errors="surrogateescape")
+    if not text.startswith("gitdir:"):
         return None
-    if not head.startswith("gitdir:"):
-        return None
-    target = head[len("gitdir:"):].strip()
-    return os.path.realpath(os.path.join(os.path.dirname(path), target))
-
-
-def audit(findings: Sequence[Finding]) -> list[str]:
-    """After a run: remove a ``commondir`` the run created in a main git directory.
-
-    Returns one line per removal, for the user.
-    """
-    notes = []
-    for f in findings:
-        if f.action != "pin":
-            continue
-        commondir = os.path.join(f.path, "commondir")
-        protected = any(g.path == commondir for g in findings)
-        if protected or not os.path.lexists(commondir):
-            continue
-        try:
-            os.unlink(commondir)
-        except OSError as e:
-            notes.append(f"{commondir} appeared during the run and could not be removed "
-                         f"({e.strerror}): do not run git in {os.path.dirname(f.path)} "
-                         "before removing it")
-            continue
-        notes.append(f"removed {commondir}, created during the run: it would have pointed git "
-                     "at another config and hooks")
-    return notes
+    target = text[len("gitdir:"):].strip()
+    return os.path.join(os.path.dirname(tree.path(rel)), target)

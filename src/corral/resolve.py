@@ -2,8 +2,7 @@
 
 This is where corral looks at the host's files (which interpreter ``python3``
 is, where its prefix lives, which ``/etc`` files exist) so that the argv
-builder can stay pure.  Nothing here starts a process, except resolving a
-pyenv shim when its version cannot be read from files.
+builder can stay pure.  Nothing here starts a process (see :mod:`corral.interp`).
 """
 
 from __future__ import annotations
@@ -11,17 +10,17 @@ from __future__ import annotations
 import functools
 import os
 import pwd
-import re
-import subprocess
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from . import seccomp
+from . import discover, interp, seccomp, syscalls
 from .bwrap import Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
 from .inner import FS_TRUNCATE, FS_WRITE_FILE
-from .policy import Policy, check_path
+from .interp import INTERPRETER, check_prefix, prefix_of, which_command
+from .policy import Policy, passed
+from .reach import dir_modes
 
 __all__ = ["Command", "resolve_command", "resolve_run"]
 
@@ -40,7 +39,6 @@ ETC = (
     "/etc/protocols", "/etc/services", "/etc/mime.types", "/etc/os-release",
 )
 USR_MERGE = ("bin", "sbin", "lib", "lib64", "lib32", "libx32")
-INTERPRETER = re.compile(r"(python|pypy|node|nodejs|deno|bun|ruby|perl)[\d.]*\Z")
 
 
 class Command(NamedTuple):
@@ -54,112 +52,12 @@ def _is_under(path: str, roots: Sequence[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def _which(name: str, search: str) -> str | None:
-    for d in search.split(os.pathsep):
-        if not d or not os.path.isabs(d):
-            continue
-        candidate = os.path.join(d, name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def _pyenv_shim(path: str, name: str, search: str) -> str | None:
-    """The interpreter a pyenv shim would run, or None when ``path`` is not a shim."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2048).decode(errors="replace")
-    except OSError:
-        return None
-    if not head.startswith("#!") or "pyenv" not in head:
-        return None
-    match = re.search(r'export PYENV_ROOT="([^"]+)"', head)
-    root = match.group(1) if match else os.environ.get("PYENV_ROOT", "")
-    for version in _pyenv_versions(root):
-        if version == "system":
-            shims = os.path.dirname(path)
-            rest = os.pathsep.join(d for d in search.split(os.pathsep) if d != shims)
-            found = _which(name, rest)
-        else:
-            candidate = os.path.join(root, "versions", version, "bin", name)
-            found = candidate if os.access(candidate, os.X_OK) else None
-        if found:
-            return found
-    try:  # unusual set-ups (plugins, aliases): ask pyenv itself
-        out = subprocess.run([os.path.join(root, "libexec", "pyenv"), "which", name],
-                             capture_output=True, text=True, timeout=30, check=True)
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _pyenv_versions(root: str) -> list[str]:
-    if os.environ.get("PYENV_VERSION"):
-        return os.environ["PYENV_VERSION"].split(":")
-    d = os.getcwd()
-    while True:
-        for name in (os.path.join(d, ".python-version"), ):
-            if os.path.isfile(name):
-                return _version_file(name)
-        if d == "/":
-            break
-        d = os.path.dirname(d)
-    global_file = os.path.join(root, "version")
-    return _version_file(global_file) if os.path.isfile(global_file) else ["system"]
-
-
-def _version_file(path: str) -> list[str]:
-    with open(path) as f:
-        words = [w for line in f for w in line.split("#")[0].split()]
-    return words or ["system"]
-
-
-def _prefix_of(executable: str) -> str | None:
-    """The installation prefix of an interpreter: the parent of its ``bin`` directory."""
-    bindir = os.path.dirname(executable)
-    if os.path.basename(bindir) != "bin":
-        return None
-    return os.path.dirname(bindir)
-
-
-def _check_prefix(prefix: str, what: str) -> str:
-    home = os.path.realpath(os.path.expanduser("~"))
-    if prefix in ("/", "") or home == prefix or home.startswith(prefix.rstrip("/") + "/"):
-        raise UsageError(
-            f"{what} lives in {prefix}, which contains the home directory",
-            "mounting it would expose every file there to the sandbox",
-            "install the interpreter in its own prefix (pyenv, nvm, /opt) or under /usr",
-        )
-    return prefix
-
-
-def which_command(argv: Sequence[str], search: str, base_dir: str | None = None) -> str:
-    """argv[0] as the sandbox will exec it: found on ``search`` like a shell would,
-    pyenv shims resolved to the real interpreter.  A relative path with a slash is
-    left relative (run mode: relative to /work) or joined to ``base_dir``.
-    """
-    if not argv or not argv[0]:
-        raise UsageError("no command given", "corral runs the command after --",
-                         "write it like: corral run -- python3 script.py")
-    if any("\0" in arg for arg in argv):
-        raise UsageError("an argument of the command contains a NUL byte",
-                         "the kernel cannot pass NUL inside an argument", "remove it")
-    name = argv[0]
-    check_path(name if name.startswith("/") else "/" + name, "command")
-    if "/" in name and not name.startswith("/"):
-        return name if base_dir is None else os.path.join(base_dir, name)
-    found = name if name.startswith("/") else _which(name, search)
-    if found is None or not os.path.exists(found):
-        raise UsageError(f"command {name!r} was not found", "it is not on corral's PATH",
-                         "give its full path, or copy it in with --input and run ./NAME")
-    shim = _pyenv_shim(found, os.path.basename(found), search)
-    return found if shim is None else shim
-
-
-def resolve_command(argv: Sequence[str], visible: Sequence[str], search: str) -> Command:
+def resolve_command(argv: Sequence[str], visible: Sequence[str], search: str,
+                    writable: Sequence[str] = ()) -> Command:
     """Find argv[0] the way a shell would, and the read-only prefixes it needs inside.
 
-    ``visible`` are the host directories already mounted at the same path.
+    ``visible`` are the host directories already mounted at the same path; ``writable``
+    the trees the payload can write, where no interpreter is ever taken from.
     """
     name = argv[0] if argv else ""
     if name.startswith(WORKDIR + "/"):
@@ -173,32 +71,16 @@ def resolve_command(argv: Sequence[str], visible: Sequence[str], search: str) ->
     for path in dict.fromkeys((found, real)):
         if _is_under(path, visible) or _is_under(path, prefixes):
             continue
-        prefix = _prefix_of(path)
+        prefix = prefix_of(path)
         if prefix is None or not INTERPRETER.match(os.path.basename(path)):
             raise UsageError(
                 f"command {name!r} is {path}, outside the sandbox's read-only base",
                 "only /usr and known interpreter prefixes are visible inside",
                 f"add --ro {os.path.dirname(path)}, or copy it in with --input",
             )
-        prefixes.append(_check_prefix(prefix, f"interpreter {path}"))
+        prefixes.append(check_prefix(prefix, f"interpreter {path}", writable,
+                                     exe=os.path.basename(path)))
     return Command((found, *argv[1:]), tuple(prefixes))
-
-
-def _venv(path: str) -> tuple[str, str | None]:
-    """A virtualenv's directory and the prefix of the Python it was made from."""
-    check_path(path, "virtualenv")
-    real = os.path.realpath(path)
-    cfg = os.path.join(real, "pyvenv.cfg")
-    if not os.path.isfile(cfg):
-        raise UsageError(f"{path} is not a virtualenv", "it has no pyvenv.cfg",
-                         "create it with python3 -m venv, or drop --venv")
-    home = None
-    with open(cfg) as f:
-        for line in f:
-            key, _, value = line.partition("=")
-            if key.strip() == "home":
-                home = os.path.realpath(value.strip())
-    return real, _prefix_of(os.path.join(home, "python")) if home else None
 
 
 @functools.cache  # like host.detect(): the host's layout is read once per process
@@ -290,9 +172,7 @@ def _environment(policy: Policy, path: list[str], extra: Sequence[tuple[str, str
     env = {"PATH": ":".join(dict.fromkeys(path)), "HOME": WORKDIR, "LANG": "C.UTF-8",
            "TMPDIR": "/tmp", "PYTHONDONTWRITEBYTECODE": "1"}
     env.update(policy.env)
-    for name in policy.pass_env:
-        if name in os.environ:
-            env[name] = os.environ[name]
+    env.update(passed(policy.pass_env, os.environ))
     env.update(extra)
     return tuple(env.items())
 
@@ -333,6 +213,8 @@ def kernel_layers(policy: Policy, host: HostFacts, uid: int, gid: int,
     filter) and bwrap's seccomp program.  Fails closed unless ``--allow no-seccomp``."""
     filters = seccomp.for_policy(policy)
     config = init_config(policy, host, uid, gid, writable)
+    if filters is not None:
+        config["pid"] = syscalls.INIT_PID  # the init checks it: the filter protects this PID
     if filters is not None and filters.payload is not None:
         config["payload_seccomp"] = filters.payload.hex()
     return config, filters.sandbox if filters is not None else None
@@ -371,27 +253,36 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
     path = list(SYSTEM_PATH)
     prefixes: list[str] = []
     if not _is_under(host.python, visible):
-        prefixes.append(_check_prefix(host.python_prefix, "corral's Python"))
+        prefixes.append(check_prefix(host.python_prefix, "corral's Python",
+                                     trusted=[host.python_prefix]))
     venv = policy.venv or os.environ.get("VIRTUAL_ENV")
     if venv:
-        venv_dir, venv_prefix = _venv(venv)
+        venv_dir, venv_prefix = interp.venv(venv, [workspace], [host.python_prefix])
         prefixes.append(venv_dir)
         if venv_prefix and not _is_under(venv_prefix, visible):
-            prefixes.append(_check_prefix(venv_prefix, "the virtualenv's Python"))
+            prefixes.append(venv_prefix)
         path.insert(0, os.path.join(venv_dir, "bin"))
         extra_env = (("VIRTUAL_ENV", venv_dir), *extra_env)
+    masks: list[tuple[str, str]] = []
     for ro in policy.read_only:
         if not os.path.exists(ro):
             raise UsageError(f"read-only path {ro} does not exist", "",
                              "create it or drop it from the policy")
         base.append(Mount(os.path.realpath(ro), ro))
+        if os.path.isdir(ro):
+            masks += [(f.path, f.kind) for f in discover.secrets_in(ro)]
     command = resolve_command(argv, [*visible, *prefixes, *policy.read_only],
-                              os.environ.get("PATH", os.defpath))
+                              os.environ.get("PATH", os.defpath), [workspace])
     prefixes.extend(command.prefixes)
     bindir = os.path.dirname(command.argv[0])
     if command.argv[0].startswith("/") and not _is_under(bindir, (WORKDIR,)):
         path.insert(len(path) - len(SYSTEM_PATH), bindir)  # its siblings (pip, npm) come first
     base.extend(Mount(p, p) for p in dict.fromkeys(prefixes))
+    # The launcher chose these (its own Python, the interpreter on its PATH, its --venv
+    # and --ro paths): the payload may search (not list) the folders above them, even
+    # where its user could not on the host.  Every other folder is no wider than there.
+    modes = dir_modes([m.dest for m in base], uid, gid,
+                      traverse=[*prefixes, *policy.read_only])
     config, program = kernel_layers(policy, host, uid, gid, [WORKDIR])
     return Sandbox(
         argv=command.argv,
@@ -404,7 +295,8 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         disable_userns=disable_userns,
         mounts=tuple(run_mounts(
             usr_links, base, [Mount(workspace, WORKDIR, writable=True, by_fd=True)],
-            _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes)),
+            _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes,
+            modes, masks)),
         env=_environment(policy, path, extra_env),
         chdir=WORKDIR,
         seccomp=program,

@@ -26,10 +26,11 @@ remap_file_pages, adjtimex and clock_adjtime, the 32-bit TLS calls,
 process_mrelease, name_to_handle_at and openat2, Linux AIO, the newer mount,
 LSM and xattr calls, uretprobe (which the kernel passes through anyway),
 allocating fallocate modes, personality beyond three values, most of the 'T'
-ioctl range, and limits and scheduling of other processes. It allows two
-things that profile does not: get_mempolicy, set_mempolicy and mbind on the
-caller's own memory (kept there for CAP_SYS_NICE; libnuma is built on them),
-and migrate_pages and move_pages on the caller itself.
+ioctl range, inotify watches for reads (IN_ACCESS), and limits and scheduling of
+corral's own processes and of process groups and uids. It allows two things that
+profile does not: get_mempolicy, set_mempolicy and mbind on the caller's own
+memory (kept there for CAP_SYS_NICE; libnuma is built on them), and migrate_pages
+and move_pages on the payload's own processes.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ import errno
 from collections.abc import Iterator
 from typing import NamedTuple
 
-__all__ = ["ALLOWED", "FALLBACKS", "REFUSED", "UNIX_DENIALS", "Call", "Cmp", "Denial", "Group",
-           "allowed_names"]
+__all__ = ["ALLOWED", "CORRAL_PIDS", "FALLBACKS", "INIT_PID", "REFUSED", "UNIX_DENIALS", "Call",
+           "Cmp", "Denial", "Group", "allowed_names"]
 
 CMP_EQ, CMP_MASKED_EQ = 4, 7  # libseccomp's enum scmp_compare
 LOW32 = 0xFFFFFFFF
@@ -49,7 +50,8 @@ CLONE_NEW = {"NEWNS": 0x00020000, "NEWCGROUP": 0x02000000, "NEWUTS": 0x04000000,
              "NEWIPC": 0x08000000, "NEWUSER": 0x10000000, "NEWPID": 0x20000000,
              "NEWNET": 0x40000000}
 CLONE_NEWTIME = 0x00000080  # unshare only: in clone()'s flags these bits are the exit signal
-AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
+AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
+NETLINK_ROUTE = 0  # the protocol argument of socket(AF_NETLINK, ...)
 SOCK_DGRAM, SOCK_RAW = 2, 3  # AF_UNIX turns SOCK_RAW into SOCK_DGRAM (net/unix/af_unix.c)
 SOCK_FLAGS = 0o2000000 | 0o4000  # SOCK_CLOEXEC | SOCK_NONBLOCK, or-ed into the type
 S_ISUID, S_ISGID = 0o4000, 0o2000
@@ -64,6 +66,7 @@ FALLOC_ALLOCATING = (0, FALLOC_FL_KEEP_SIZE, FALLOC_FL_ZERO_RANGE,
                      FALLOC_FL_ZERO_RANGE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_UNSHARE_RANGE,
                      FALLOC_FL_UNSHARE_RANGE | FALLOC_FL_KEEP_SIZE, FALLOC_FL_WRITE_ZEROES)
 PER_LINUX, PER_LINUX32, PERSONALITY_QUERY = 0x0000, 0x0008, 0xFFFFFFFF
+IN_ACCESS = 0x00000001  # inotify: the watched file was read
 TTY_IOCTL_TYPE = 0x54  # 'T': the TC*/TIOC* requests, and the FIO* ones that share it
 
 # The 'T' requests a program needs (traced from bash, less, vim, python's pty, node, tmux
@@ -170,7 +173,25 @@ def _opens(flags: int, mode: int) -> tuple[Form, ...]:
     return ((clear(flags, O_CREAT | O_TMPFILE_BIT),), (clear(mode, S_ISUID | S_ISGID),))
 
 
-SELF = (low32(0, 0),)  # the pid argument names the caller itself
+# The sandbox's PID namespace holds bwrap's PID 1, corral's init (its one child, PID 2,
+# single-threaded: the init checks both before it forks) and the payload.  Any other pid
+# or thread id there is the payload's own, and the namespace shows nothing else; 0 names
+# the caller.  These forms hold when the pid argument, read as the kernel reads a pid_t
+# (low 32 bits), names neither of corral's processes.
+INIT_PID = 2
+CORRAL_PIDS = frozenset({1, INIT_PID})
+
+
+def not_corral(arg: int) -> tuple[Form, ...]:
+    return tuple(field_not_in(arg, 0, 32, CORRAL_PIDS))
+
+
+def _for_process(which: int) -> tuple[Form, ...]:
+    """setpriority, ioprio_set: ``which`` names one process, and it is not corral's."""
+    return tuple((low32(0, which), *form) for form in not_corral(1))
+
+
+PAYLOAD_PIDS = not_corral(0)
 
 FILES = Group("files", "reading and writing what the mounts and Landlock let the payload "
               "reach; the kernel's own permission checks apply", (
@@ -186,7 +207,14 @@ FILES = Group("files", "reading and writing what the mounts and Landlock let the
             "symlink", "symlinkat", "chown", "fchown", "lchown", "fchownat", "setxattr",
             "lsetxattr", "fsetxattr", "getxattr", "lgetxattr", "fgetxattr", "listxattr",
             "llistxattr", "flistxattr", "removexattr", "lremovexattr", "fremovexattr",
-            "inotify_init", "inotify_init1", "inotify_add_watch", "inotify_rm_watch"),
+            "inotify_init", "inotify_init1", "inotify_rm_watch"),
+))
+
+WATCHES = Group("watching files", "file watchers ask for changes, opens and closes; a watch "
+                "for reads (IN_ACCESS) is refused, because the nodes in /dev are the host's "
+                "own: on /dev/tty it times every key a host program reads from its terminal "
+                "in raw mode (less, fzf, pinentry)", (
+    Call("inotify_add_watch", ((clear(2, IN_ACCESS),),)),
 ))
 
 FILE_FORMS = Group("file modes and space", "a set-uid or set-gid bit left in a writable "
@@ -209,14 +237,14 @@ TERMINALS = Group("terminal and descriptor requests", "ioctl requests outside th
                    *_each(1, tuple(TTY_REQUESTS.values())))),
 ))
 
-MEMORY = Group("memory", "the caller's own address space; NUMA policy of its own pages "
-               "only (migrate_pages and move_pages name a pid: the caller's only)", (
+MEMORY = Group("memory", "the caller's own address space; NUMA placement of the payload's "
+               "own pages only (migrate_pages and move_pages name a pid: not corral's)", (
     *_calls("brk", "mmap", "munmap", "mremap", "mprotect", "pkey_mprotect", "pkey_alloc",
             "pkey_free", "msync", "mincore", "madvise", "mlock", "mlock2", "munlock",
             "mlockall", "munlockall", "membarrier", "memfd_create", "map_shadow_stack",
             "get_mempolicy", "set_mempolicy", "mbind"),
     Call("mseal", number=462),  # Linux 6.10: only takes powers away from the caller
-    Call("migrate_pages", (SELF,)), Call("move_pages", (SELF,)),
+    Call("migrate_pages", PAYLOAD_PIDS), Call("move_pages", PAYLOAD_PIDS),
 ))
 
 PROCESSES = Group("processes and threads", "fork, exec and wait inside the sandbox's own "
@@ -234,18 +262,20 @@ PROCESSES = Group("processes and threads", "fork, exec and wait inside the sandb
             "capset", "uname", "sysinfo", "getrusage", "times", "getcpu", "getrandom"),
 ))
 
-SCHEDULING = Group("limits and scheduling of the caller itself", "the kernel lets any "
-                   "process change these for every process of the same uid, corral's init "
-                   "included (RLIMIT_CPU of one second kills it): the pid (or who) "
-                   "argument must be 0, the caller itself; reading them stays open", (
+SCHEDULING = Group("limits and scheduling of the payload's own processes", "the kernel "
+                   "lets any process change these for every process of the same uid, "
+                   "corral's init included (RLIMIT_CPU of one second kills it): the pid (or "
+                   "who) argument may name any process or thread but bwrap's PID 1 and the "
+                   "init; a process group or a uid (both include the init) never; "
+                   "reading them stays open", (
     *_calls("getrlimit", "setrlimit", "getpriority", "ioprio_get", "sched_yield",
             "sched_getaffinity", "sched_getparam", "sched_getscheduler", "sched_getattr",
             "sched_get_priority_max", "sched_get_priority_min", "sched_rr_get_interval"),
-    Call("prlimit64", (SELF,)), Call("sched_setscheduler", (SELF,)),
-    Call("sched_setparam", (SELF,)), Call("sched_setaffinity", (SELF,)),
-    Call("sched_setattr", (SELF,)),
-    Call("setpriority", ((low32(0, PRIO_PROCESS), low32(1, 0)),)),
-    Call("ioprio_set", ((low32(0, IOPRIO_WHO_PROCESS), low32(1, 0)),)),
+    *(Call(name, PAYLOAD_PIDS) for name in ("prlimit64", "sched_setscheduler",
+                                             "sched_setparam", "sched_setaffinity",
+                                             "sched_setattr")),
+    Call("setpriority", _for_process(PRIO_PROCESS)),
+    Call("ioprio_set", _for_process(IOPRIO_WHO_PROCESS)),
     Call("personality", _each(0, (PER_LINUX, PER_LINUX32, PERSONALITY_QUERY))),
 ))
 
@@ -268,10 +298,14 @@ WAITING = Group("waiting on descriptors", "event loops of every runtime", _calls
     "poll", "ppoll", "select", "pselect6", "epoll_create", "epoll_create1", "epoll_ctl",
     "epoll_wait", "epoll_pwait", "epoll_pwait2", "eventfd", "eventfd2", "pipe", "pipe2"))
 
-SOCKETS = Group("sockets", "unix, IPv4 and IPv6 only (vsock reaches the host, netlink and "
-                "packet sockets are kernel surface); the network namespace has loopback "
-                "only; socketpair exists for unix sockets only", (
-    Call("socket", _each(0, (AF_UNIX, AF_INET, AF_INET6))),
+SOCKETS = Group("sockets", "unix, IPv4 and IPv6 (vsock reaches the host, packet sockets "
+                "are kernel surface); of netlink only the routing protocol, which the C "
+                "library's getifaddrs and if_nameindex use, and which without CAP_NET_ADMIN "
+                "only reads the sandbox's own namespace (other protocols carry the host's "
+                "device events, audit, netfilter); the network namespace has loopback only; "
+                "socketpair exists for unix sockets only", (
+    Call("socket", (*_each(0, (AF_UNIX, AF_INET, AF_INET6)),
+                    (low32(0, AF_NETLINK), low32(2, NETLINK_ROUTE)))),
     Call("socketpair", _each(0, (AF_UNIX,))),
     *_calls("connect", "accept", "accept4", "bind", "listen", "getsockname", "getpeername",
             "sendto", "recvfrom", "sendmsg", "recvmsg", "sendmmsg", "recvmmsg", "shutdown",
@@ -288,8 +322,9 @@ SELF_CONFINEMENT = Group("confining oneself further", "a program may add filters
                          "Landlock rules of its own; it can only lose powers", _calls(
     "seccomp", "landlock_create_ruleset", "landlock_add_rule", "landlock_restrict_self"))
 
-ALLOWED: tuple[Group, ...] = (FILES, FILE_FORMS, TERMINALS, MEMORY, PROCESSES, SCHEDULING,
-                              IDENTITY, TIME, WAITING, SOCKETS, IPC, SELF_CONFINEMENT)
+ALLOWED: tuple[Group, ...] = (FILES, WATCHES, FILE_FORMS, TERMINALS, MEMORY, PROCESSES,
+                              SCHEDULING, IDENTITY, TIME, WAITING, SOCKETS, IPC,
+                              SELF_CONFINEMENT)
 
 
 class Fallback(NamedTuple):

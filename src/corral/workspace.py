@@ -17,14 +17,16 @@ import json
 import os
 import stat
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+from . import fsops
 from .errors import UsageError
+from .fswalk import remove
 from .policy import check_path
 
-__all__ = ["Change", "RunDir", "collect", "default_runs_dir", "prepare", "record_dir",
-           "snapshot", "write_record"]
+__all__ = ["Change", "RunDir", "collect", "default_runs_dir", "prepare", "quarantine",
+           "record_dir", "snapshot", "write_record"]
 
 MAX_ENTRIES = 100_000  # entries walked
 MAX_LISTED = 10_000  # changes listed in the record
@@ -108,12 +110,9 @@ def prepare(runs_dir: str, workspace: str | None, inputs: Sequence[str],
     else:
         ws = workspace
     if inputs:
-        fd = os.open(ws, DIR_FLAGS)
-        try:
+        with fsops.Tree(ws, owner) as tree:
             for src in inputs:
-                copy_in(fd, src, owner)
-        finally:
-            os.close(fd)
+                copy_in(tree, src)
     return RunDir(run_id, root, ws, workspace is None)
 
 
@@ -121,6 +120,23 @@ def record_dir(runs_dir: str, project: str) -> RunDir:
     """A run directory holding only a record: agent mode works in the user's project."""
     run_id, root = _new_run_root(runs_dir)
     return RunDir(run_id, root, project, fresh=False)
+
+
+def quarantine(root: str | None, runs_dir: str | None = None, project: str = ""
+               ) -> Callable[[], str]:
+    """A maker, called at most once, of ``RUNS/<run-id>/quarantine`` (the audit's), private
+    to the launcher; with no run directory yet (``corral shell``), one is made then."""
+    made: list[str] = []
+
+    def make() -> str:
+        if not made:
+            top = root if root is not None else record_dir(runs_dir or default_runs_dir(),
+                                                           project).root
+            path = os.path.join(top, "quarantine")
+            os.mkdir(path, 0o700)
+            made.append(path)
+        return made[0]
+    return make
 
 
 def _new_run_root(runs_dir: str) -> tuple[str, str]:
@@ -138,68 +154,48 @@ def _new_run_root(runs_dir: str) -> tuple[str, str]:
     return run_id, root
 
 
-def copy_in(ws_fd: int, src: str, owner: tuple[int, int] | None) -> None:
+def copy_in(tree: fsops.Tree, src: str) -> None:
     """Copy ``src`` into the workspace under its own name, replacing what is there.
 
-    It is copied under a fresh temporary name first, then renamed: a symlink
-    left at the destination by an earlier run is replaced, never followed.
+    Everything is made through :mod:`corral.fsops`, as the workspace's owner when root
+    (nothing chowned by path), under a fresh temporary name first, then renamed: a
+    symlink left at the destination by an earlier run is replaced, never followed.
     """
     name = os.path.basename(src.rstrip("/"))
     tmp = f".corral-input-{os.urandom(6).hex()}"
-    _copy(src, ws_fd, tmp, owner)
     try:
-        os.rename(tmp, name, src_dir_fd=ws_fd, dst_dir_fd=ws_fd)
+        _copy(src, tree, tmp)
+        tree.rename(tmp, tree, name)
     except OSError as e:
-        _remove(ws_fd, tmp)
-        raise UsageError(f"input {src} cannot replace {name} in the workspace",
+        with contextlib.suppress(OSError):
+            remove(tree, tmp)
+        raise UsageError(f"input {src} cannot be copied into the workspace as {name}",
                          e.strerror or str(e), "remove it from the workspace first") from None
 
 
-def _copy(src: str, dir_fd: int, name: str, owner: tuple[int, int] | None) -> None:
+def _copy(src: str, tree: fsops.Tree, rel: str) -> None:
+    """``src`` (the launcher's own input, trusted) to ``rel`` beneath the workspace."""
     st = os.lstat(src)
     if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(src), name, dir_fd=dir_fd)
-        if owner:
-            os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
+        tree.symlink(os.readlink(src), rel)
     elif stat.S_ISDIR(st.st_mode):
-        os.mkdir(name, 0o755, dir_fd=dir_fd)
-        sub = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-        try:
-            if owner:
-                os.fchown(sub, *owner)
-            for entry in sorted(os.listdir(src)):
-                _copy(os.path.join(src, entry), sub, entry, owner)
-        finally:
-            os.close(sub)
+        tree.mkdir(rel, 0o755)
+        for entry in sorted(os.listdir(src)):
+            _copy(os.path.join(src, entry), tree, f"{rel}/{entry}")
     elif stat.S_ISREG(st.st_mode):
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      stat.S_IMODE(st.st_mode) & 0o755 | 0o600, dir_fd=dir_fd)
+        fd = tree.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                       stat.S_IMODE(st.st_mode) & 0o755 | 0o600)
         try:
             with open(src, "rb") as f:
                 while chunk := f.read(1 << 20):
-                    os.write(out, chunk)
-            if owner:
-                os.fchown(out, *owner)
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(fd, view):]
         finally:
-            os.close(out)
+            os.close(fd)
     else:
         raise UsageError(f"input {src} is not a file, directory or symlink", "",
                          "copy regular files only")
-
-
-def _remove(dir_fd: int, name: str) -> None:
-    with contextlib.suppress(OSError):
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        if not stat.S_ISDIR(st.st_mode):
-            os.unlink(name, dir_fd=dir_fd)
-            return
-        sub = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-        try:
-            for entry in os.listdir(sub):
-                _remove(sub, entry)
-        finally:
-            os.close(sub)
-        os.rmdir(name, dir_fd=dir_fd)
 
 
 def _type(mode: int) -> str:
@@ -316,27 +312,10 @@ def _sha256(dir_fd: int, name: str, budget: list[int]) -> str | None:
         return digest.hexdigest()
 
 
-def _strip_setid(dir_fd: int, name: str, st: os.stat_result) -> bool:
-    """Remove set-user-ID and set-group-ID bits from a file the payload left behind.
-
-    A set-ID program in a workspace that other local users can reach would run
-    with the owner's identity; nothing a sandboxed payload writes deserves that.
-    """
-    with _regular(dir_fd, name) as found:
-        if found is None or (found[1].st_ino, found[1].st_dev) != (st.st_ino, st.st_dev):
-            return False
-        try:
-            os.fchmod(found[0], stat.S_IMODE(found[1].st_mode) & ~(stat.S_ISUID | stat.S_ISGID))
-        except OSError:
-            return False
-        return True
-
-
 def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
     """What the run created, modified or deleted; and whether the list is incomplete
-    (cut at MAX_LISTED, or a walk bound reached: see :class:`Walk`).
-
-    Regular files lose any set-user-ID or set-group-ID bit on the way.
+    (cut at MAX_LISTED, or a walk bound reached: see :class:`Walk`).  (Set-id bits are
+    the audit's: :mod:`corral.audit`.)
     """
     changes: list[Change] = []
     seen: set[str] = set()
@@ -346,9 +325,6 @@ def collect(root: str, before: dict[str, Stamp]) -> tuple[list[Change], bool]:
     walk = Walk(root)
     for path, st, fd in walk:
         seen.add(path)
-        if stat.S_ISREG(st.st_mode) and st.st_mode & (stat.S_ISUID | stat.S_ISGID):
-            _strip_setid(fd, os.path.basename(path), st)
-            st = os.stat(os.path.basename(path), dir_fd=fd, follow_symlinks=False)
         kind = _type(st.st_mode)
         stamp = (kind, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
         old = before.get(path)

@@ -1,6 +1,7 @@
 """Run inside a sandbox: reach another process with the calls the kernel checks by uid only.
 
-argv[1] names the target: "parent" (corral's init, the payload's parent) or a
+argv[1] names the target: "parent" (corral's init, the payload's parent), "child"
+(a child this probe forks), "thread" (a thread of this probe, by its id) or a
 pid.  Every attempt sets what the target already has (its own limit, nice
 value, scheduler, affinity, I/O priority, NUMA placement), so that even when
 it succeeds nothing changes; signals are signal 0, a permission check only.
@@ -14,11 +15,32 @@ import os
 import resource
 import signal
 import sys
+import threading
 
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
 L = ctypes.c_long
-target = os.getppid() if sys.argv[1] == "parent" else int(sys.argv[1])
+
+
+def _target(name):
+    if name == "parent":
+        return os.getppid()
+    if name == "child":
+        pid = os.fork()
+        if pid == 0:
+            signal.pause()
+        return pid
+    if name == "thread":
+        started = threading.Event()
+        waiter = threading.Thread(target=lambda: (started.set(), threading.Event().wait()),
+                                  daemon=True)
+        waiter.start()
+        started.wait()
+        return waiter.native_id
+    return int(name)
+
+
+target = _target(sys.argv[1])
 
 
 def call(nr, *args):
@@ -55,6 +77,8 @@ def main():
         os.pidfd_open(target), 0))
     out["sched_getaffinity"] = got
     print(json.dumps(out))
+    if sys.argv[1] == "child":
+        os.kill(target, signal.SIGKILL)
 
 
 def signal_errno(send):

@@ -147,7 +147,8 @@ def main():
         "ioperm": lambda: call(173, 0, 0, 0),
         "personality(ADDR_NO_RANDOMIZE)": personality_no_aslr,
         "socket(AF_VSOCK)": lambda: call(41, 40, 1, 0),  # created, never connected
-        "socket(AF_NETLINK)": lambda: call(41, 16, 3, 0),
+        "socket(AF_NETLINK, uevent)": lambda: call(41, 16, 3, 15),  # NETLINK_KOBJECT_UEVENT
+        "socket(AF_NETLINK, sock_diag)": lambda: call(41, 16, 3, 4),  # NETLINK_SOCK_DIAG
         "socket(AF_PACKET)": lambda: call(41, 17, 3, 0),
         "socket(AF_ALG)": lambda: call(41, 38, 5, 0),
         "socketpair(AF_NETLINK)": lambda: call(53, 16, 3, 0, pair),

@@ -145,6 +145,23 @@ def op_create(b: Battery, a: Result, _: Report) -> Result:
     return done("created the file")
 
 
+def op_mkfifo(b: Battery, a: Result, _: Report) -> Result:
+    os.makedirs(os.path.dirname(a["path"]), exist_ok=True)
+    os.mkfifo(a["path"], 0o644)
+    return done("made the FIFO")
+
+
+def op_setid(b: Battery, a: Result, _: Report) -> Result:
+    """A file with the set-user-ID and set-group-ID bits, if the sandbox lets them be set."""
+    fd = os.open(a["path"], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
+    os.close(fd)
+    os.chmod(a["path"], 0o6755)
+    mode = os.stat(a["path"]).st_mode
+    if mode & 0o6000:
+        return done(f"its mode is {mode & 0o7777:04o} inside")
+    return refused(f"the bits did not stick ({mode & 0o7777:04o})")
+
+
 def op_chmod(b: Battery, a: Result, _: Report) -> Result:
     os.chmod(a["path"], 0o777)
     return done("changed its mode to 0777")
@@ -654,6 +671,7 @@ def op_spin(b: Battery, a: Result, _: Report) -> Result:
 
 OPS: dict[str, Callable[[Battery, Result, Report], Result]] = {
     "append": op_append, "create": op_create, "chmod": op_chmod, "delete": op_delete,
+    "mkfifo": op_mkfifo, "setid": op_setid,
     "rename": op_rename, "read": op_read, "list": op_list, "environ": op_environ,
     "proc": op_proc, "keyring": op_keyring, "fds": op_fds, "tcp": op_tcp, "udp": op_udp,
     "unix": op_unix, "unix-dgram": op_unix_dgram, "interfaces": op_interfaces,

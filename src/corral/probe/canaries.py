@@ -10,7 +10,10 @@ the fake home from itself)::
       .bashrc .profile      shell start-up files, compared afterwards
       .ssh/agent.sock       an ssh-agent-like unix socket
       dev/demo/             the project: a git repository with a git-ignored nested
-                            one, .env, .envrc, .vscode, a symlink to ~/.ssh, the battery
+                            one, .env, .envrc, .vscode, a symlink to ~/.ssh, the battery,
+                            a hook linked to scripts/pre-push, a bare backup.git, a .venv
+                            whose pyvenv.cfg names ~/.ssh, a fake pyenv shim in .probe-bin
+      .config/git/credentials  git's plaintext credential store
       dev/other/            another project
       dev/holder/.ssh/      a directory holding credentials
       dev/home-link         a symlink to home
@@ -38,6 +41,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -66,6 +70,7 @@ HOME_SECRETS = {  # canary name -> (path in the fake home, content around the to
     "bash-history": (".bash_history", "export API_TOKEN={}\n"),
     "gnupg": (".gnupg/private-keys-v1.d/probe.key", "(private-key (token {}))\n"),
     "dotenv": ("dev/demo/.env", "API_KEY={}\n"),
+    "git-store": (".config/git/credentials", "https://probe:{}@git.invalid\n"),
 }
 PLAIN_FILES = {  # path in the fake home -> content
     ".bashrc": "# corral probe: ~/.bashrc\n", ".profile": "# corral probe: ~/.profile\n",
@@ -75,6 +80,20 @@ PLAIN_FILES = {  # path in the fake home -> content
     "dev/other/notes.txt": "another project\n",
 }
 ENV_CANARIES = ("CORRAL_PROBE_SECRET", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY")
+# A python3 that looks like a pyenv shim to a launcher that guesses (as corral once did),
+# and the "pyenv" it names: with the host's rights it can read the fake token, and then
+# leaves a mark beside the project; it always goes on to run the battery.
+SHIM = """#!/bin/sh
+# pyenv shim
+export PYENV_ROOT="{root}"
+exec "{root}/libexec/pyenv" exec python3 "$@"
+"""
+PYENV = """#!/bin/sh
+[ -r {token} ] && echo ran > {mark}
+if [ "$1" = which ]; then echo {python}; exit 0; fi
+shift 2
+exec {python} "$@"
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +137,7 @@ class Plant:
                 "dgram_sock": f"{self.root}/log/dgram.sock",
                 "runs": f"{self.root}/runs", "inherited": f"{self.root}/inherited",
                 "host_pidns": str(self.host_pidns), "root_home": ROOT_HOME,
+                "venv": f"{self.project}/.venv", "probe_bin": f"{self.project}/.probe-bin",
                 **{f"port_{name.replace('-', '_')}": str(self.ports.get(name, ""))
                    for name in SERVERS}}
 
@@ -261,6 +281,7 @@ class Site:
         self._git_dir(os.path.join(p.project, ".git"), hooks_path="tools/hooks")
         self._git_dir(os.path.join(p.project, "nested", ".git"))
         self._file(os.path.join(p.project, "tools", "hooks", "pre-commit"), "#!/bin/sh\n", 0o755)
+        self._host_side(p)
         os.makedirs(os.path.join(home, ".config", "autostart"))
         os.makedirs(os.path.join(places["holder"], ".ssh"))
         os.symlink(os.path.join(home, ".ssh"), os.path.join(p.project, "ssh-link"))
@@ -277,6 +298,29 @@ class Site:
         with open(p.battery, "wb") as f:
             f.write(battery)
         os.chmod(home, 0o700)
+
+    def _host_side(self, p: Plant) -> None:
+        """What the launcher itself might trip over (see corral.probe.hostside): a hook that
+        links into the project, a bare repository, a venv naming ~/.ssh, a fake pyenv shim
+        in a PATH entry of the project that leaves a mark when it runs with host rights."""
+        project, home = p.project, p.home
+        self._file(os.path.join(project, "scripts", "pre-push"), "#!/bin/sh\n", 0o755)
+        os.symlink("../../scripts/pre-push", os.path.join(project, ".git", "hooks", "pre-push"))
+        bare = os.path.join(project, "backup.git")
+        self._git_dir(bare)
+        self._file(os.path.join(bare, "config"), "[core]\n\tbare = true\n")
+        venv = p.places()["venv"]
+        os.makedirs(os.path.join(venv, "bin"))
+        self._file(os.path.join(venv, "pyvenv.cfg"), f"home = {home}/.ssh/bin\n")
+        os.symlink(f"{home}/.ssh/bin/python3", os.path.join(venv, "bin", "python3"))
+        python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else \
+            os.path.realpath(sys.executable)
+        fake = os.path.join(project, ".probe-pyenv")
+        self._file(os.path.join(fake, "libexec", "pyenv"), PYENV.format(
+            token=f"{home}/.fake-creds/token", mark=f"{project}/{p.tag}-planted-ran",
+            python=python), 0o755)
+        self._file(os.path.join(p.places()["probe_bin"], "python3"), SHIM.format(root=fake),
+                   0o755)
 
     def _servers(self, p: Plant) -> dict[str, int]:
         places = p.places()

@@ -9,7 +9,8 @@ Launches: ``main`` runs most attempts in one start of the battery; each
 ``--memory 256M --pids 128 --disk 256M`` there); ``spin`` runs a CPU spinner
 that the sandbox's wall clock must stop (corral gets ``--timeout 2``);
 each ``launch-*`` launch starts from a directory that must never become
-writable.
+writable; ``venv`` and ``planted`` start with something planted where the
+launcher looks (:mod:`corral.probe.hostside`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from .checks import (
     usable,
     zero,
 )
+from .hostside import HOSTSIDE
 
 __all__ = ["CATALOGUE", "EXIT_CODE", "LAUNCH_DIRS"]
 
@@ -400,4 +402,4 @@ LAUNCH = (
 )
 
 CATALOGUE: tuple[Check, ...] = (*WRITES, *SECRETS, *NETWORK, *PRIVILEGE, *RESOURCES,
-                                *LIFECYCLE, *LAUNCH)
+                                *LIFECYCLE, *LAUNCH, *HOSTSIDE)

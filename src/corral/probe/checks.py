@@ -65,9 +65,9 @@ class Watch:
     """Host state verified right after the check's launch.
 
     ``unchanged PATH``, ``absent PATH``, ``unreached SERVER`` (a canary server
-    saw nobody), ``gone MARKER`` (no process of the run carries the marker) or
+    saw nobody), ``gone MARKER`` (no process of the run carries the marker),
     ``owner NAME`` (a file the battery made in its working directory is not
-    owned by uid 0 on the host).
+    owned by uid 0 on the host) or ``setid NAME`` (nor has a set-id bit).
     """
 
     kind: str
@@ -279,6 +279,17 @@ def status(check: Callable[[dict[str, str]], bool], describe: str) -> Judge:
         r = seen.result() or {}
         return bool(check(r["fields"])), describe.format(**r["fields"])
     return judge
+
+
+def refused_or(judge: Judge) -> Judge:
+    """``judge``; or a pass when the launcher refused to start (exit 125, the battery never
+    ran) and the host is unchanged: for launches set up to be refused."""
+    def check(seen: Seen) -> Verdict:
+        o = seen.outcome
+        if o is not None and not o.started and o.exit_code == 125 and not seen.findings:
+            return True, f"refused: {o.ending()}"
+        return judge(seen)
+    return check
 
 
 def refused_and_clean(seen: Seen) -> Verdict:

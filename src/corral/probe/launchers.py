@@ -81,13 +81,14 @@ except OSError as e:
 class LaunchSpec:
     """One start of the battery: which attempts, from where, with which deadline."""
 
-    name: str  # main, spin, resource-memory, launch-home ...
-    kind: str  # main, resource, spin, launch
+    name: str  # main, spin, resource-memory, launch-home, venv, planted ...
+    kind: str  # main, resource, spin, launch, venv, planted
     cwd: str
     attempts: tuple[dict[str, Any], ...]
     deadline_s: float
     exit: int = 0
     terminal: bool = False  # stdin is the probe's pseudo-terminal
+    env: tuple[tuple[str, str], ...] = ()  # more for the launcher ($PATH: the launcher's own)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,6 +237,7 @@ def execute(launcher: Launcher, spec: LaunchSpec, plant: Plant, env: dict[str, s
     argv = launcher.argv(spec, plant, config)
     status_r, status_w = os.pipe()
     env = dict(env, PWD=spec.cwd, CORRAL_PROBE_STATUS_FD=str(status_w))
+    env.update((k, v.replace("$PATH", env.get("PATH", os.defpath))) for k, v in spec.env)
     if spec.kind == "main":
         env["CORRAL_PROBE_KEY"] = f"{plant.tag}-key\n{plant.tokens['keyring']}"
         env["CORRAL_PROBE_HOLD"] = plant.places()["inherited"]

@@ -17,6 +17,7 @@ import glob
 import os
 import re
 import signal
+import stat
 import time
 from collections.abc import Iterable, Sequence
 
@@ -29,7 +30,11 @@ from .report import CheckResult, Report
 
 __all__ = ["probe", "select"]
 
-DEADLINE_S = {"main": 60.0, "resource": 60.0, "launch": 30.0, "spin": SPIN_S + 6.0}
+DEADLINE_S = {"main": 60.0, "resource": 60.0, "launch": 30.0, "spin": SPIN_S + 6.0,
+              "venv": 30.0, "planted": 30.0}
+LAUNCH_ENV = {"venv": (("VIRTUAL_ENV", "{venv}"),),  # the planted ones (see probe.hostside)
+              "planted": (("PATH", "{probe_bin}:$PATH"),)}
+ORDER = ("main", "launch", "venv", "planted", "resource")
 ATTEMPT_ORDER = ("secrets", "network", "privilege", "writes", "resources", "lifecycle", "launch")
 SURVIVOR_GRACE_S = 0.5  # a PID namespace being torn down may take a moment to empty
 
@@ -69,9 +74,10 @@ def plan(checks: Iterable[Check], plant: Plant) -> dict[str, LaunchSpec]:
         attempts = tuple(a.render(ident, plant) for c in members
                          for ident, a in zip(c.attempt_ids(), c.attempts, strict=True))
         cwd = plant.fill(LAUNCH_DIRS[name]) if kind == "launch" else plant.project
+        env = tuple((k, plant.fill(v)) for k, v in LAUNCH_ENV.get(kind, ()))
         specs[name] = LaunchSpec(name, kind, cwd, attempts, DEADLINE_S[kind],
                                  exit=EXIT_CODE if kind == "main" else 0,
-                                 terminal=kind == "main")
+                                 terminal=kind == "main", env=env)
     return specs
 
 
@@ -112,26 +118,30 @@ class Run:
                 found += [f"the {w.target} canary was reached {len(peers)} time(s)"] if peers \
                     else []
             elif w.kind == "owner":
-                owners = _owners(self.plant, self.plant.fill(w.target))
+                owners = [st.st_uid for st in _made(self.plant, self.plant.fill(w.target))]
                 found += ["its file is owned by uid 0 on the host"] if 0 in owners else []
-                notes += [f"its file is owned by uid {', '.join(map(str, owners))} on the host"
-                          if owners else "its file is nowhere on the host"]
+                notes += [f"its file is owned by uid {', '.join(map(str, sorted(set(owners))))}"
+                          " on the host" if owners else "its file is nowhere on the host"]
+            elif w.kind == "setid":
+                modes = [st.st_mode for st in _made(self.plant, self.plant.fill(w.target))]
+                found += [f"its file has mode {m & 0o7777:04o} on the host" for m in modes
+                          if m & (stat.S_ISUID | stat.S_ISGID)]
             else:
                 pids = _survivors(f"{self.plant.tag}-{w.target}")
                 found += [f"still running: pid {', '.join(map(str, pids))}"] if pids else []
         return tuple(found), tuple(notes)
 
 
-def _owners(plant: Plant, name: str) -> list[int]:
-    """Owners of a file the battery made in its working directory: the project, or a
-    corral run workspace under the probe's runs directory."""
+def _made(plant: Plant, name: str) -> list[os.stat_result]:
+    """What the battery made in its working directory, found on the host: in the project,
+    or in a corral run workspace under the probe's runs directory."""
     places = [os.path.join(plant.project, name),
               *glob.glob(os.path.join(plant.places()["runs"], "*", "work", name))]
-    owners = []
+    found = []
     for path in places:
         with contextlib.suppress(OSError):
-            owners.append(os.lstat(path).st_uid)
-    return sorted(set(owners))
+            found.append(os.lstat(path))
+    return found
 
 
 def _survivors(marker: str) -> list[int]:
@@ -142,8 +152,7 @@ def _survivors(marker: str) -> list[int]:
 
 
 def _sequence(run: Run, specs: dict[str, LaunchSpec]) -> None:
-    order = sorted((n for n in specs if n != "spin"),
-                   key=lambda n: ("main", "launch", "resource").index(specs[n].kind))
+    order = sorted((n for n in specs if n != "spin"), key=lambda n: ORDER.index(specs[n].kind))
     for name in order:
         run.launch(specs[name])
 

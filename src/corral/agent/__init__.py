@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import os
 import pwd
-import re
-import shutil
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
-from . import discover, guard, resolve
-from .bwrap import (
+from .. import discover, fsops, guard, interp, program, repos, resolve
+from ..bwrap import (
     BindFd,
     Data,
     Op,
@@ -40,14 +38,19 @@ from .bwrap import (
     Sandbox,
     Tmpfs,
     kernel_filesystems,
+    mask,
     parents,
 )
-from .errors import UsageError
-from .guard import Finding
-from .host import HostFacts
-from .policy import Policy
+from ..errors import UsageError
+from ..guard import Finding
+from ..host import HostFacts
+from ..locate import Roots
+from ..policy import Policy, passed
+from ..reach import can_reach, dir_modes
+from . import state
 
-__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "profile_for", "resolve_agent"]
+__all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "identity", "profile_for",
+           "resolve_agent"]
 
 # Emptied for every agent: daemons' sockets live under /run; /tmp holds other programs'
 # sockets and files; homes hold credentials; removable and network mounts hold anything.
@@ -56,11 +59,15 @@ HIDDEN_TREES = ("/run", "/var/run", "/tmp", "/var/tmp", "/home", "/root", "/mnt"
                 # daemons whose sockets live outside /run: LXD and Incus (their groups are
                 # root on the host), libvirt, mail, snaps' own sockets
                 "/var/lib/lxd", "/var/lib/incus", "/var/snap/lxd", "/var/lib/libvirt",
-                "/var/spool/postfix", "/var/lib/snapd")
+                "/var/spool/postfix", "/var/lib/snapd",
+                # every run's cgroup, live: a racing sandbox would see another one start
+                "/sys/fs/cgroup")
 HIDDEN_FILES = ("/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-",
                 "/etc/security/opasswd", "/etc/sudoers")
 SCRATCH = ("/tmp", "/var/tmp")  # emptied, sized, and left writable
-BASE_READ_ONLY = ("~/.gitconfig", "~/.config/git", "~/.gitignore_global")
+# git's own settings, never its credential store (~/.config/git/credentials)
+BASE_READ_ONLY = ("~/.gitconfig", "~/.config/git/config", "~/.config/git/ignore",
+                  "~/.config/git/attributes", "~/.gitignore_global")
 BASE_PASS_ENV = ("TERM", "COLORTERM", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "NO_COLOR")
 AGENT_PROFILES = {"claude": "claude", "codex": "codex", "pi": "pi", "aider": "aider",
                   "gemini": "gemini"}
@@ -73,6 +80,7 @@ class Entry(NamedTuple):
     access: str  # rw, ro, hidden, pinned
     kind: str  # dir or file
     reason: str
+    source: str = ""  # the host path bound there, when it is not ``path`` itself
 
 
 class Layout(NamedTuple):
@@ -84,9 +92,11 @@ class Layout(NamedTuple):
     hidden_files: tuple[str, ...]  # existing files to empty
     read_only: tuple[Entry, ...]  # exceptions under hidden trees
     writable: tuple[Entry, ...]  # state paths and the project
-    findings: tuple[Finding, ...]  # inside writable trees
+    findings: tuple[Finding, ...]  # inside writable trees (and secrets in read-only ones)
     tmp_bytes: int
     shm_bytes: int
+    notes: tuple[str, ...] = ()  # what preparing the agent's state did or skipped
+    modes: tuple[tuple[str, int], ...] = ()  # folders bwrap makes, and their modes inside
 
     def entries(self) -> list[Entry]:
         """The whole layout, for ``--dry-run``: what is writable, read-only, hidden, and why."""
@@ -97,7 +107,10 @@ class Layout(NamedTuple):
         rows += [Entry(p, "hidden", "file", "emptied: system secret") for p in self.hidden_files]
         rows += [*self.read_only, *self.writable]
         access = {"protect": "ro", "hide": "hidden", "pin": "pinned"}
-        rows += [Entry(f.path, access[f.action], f.kind, f.reason) for f in self.findings]
+        made = {"planned": " (made at launch)", "placeholder": " (an empty placeholder, "
+                "removed after the run)", "": ""}
+        rows += [Entry(f.path, access[f.action], f.kind, f.reason + made[f.origin])
+                 for f in self.findings]
         return rows
 
 
@@ -108,20 +121,22 @@ def _under(path: str, root: str) -> bool:
 def agent_mounts(layout: Layout) -> list[Op]:
     """The ordered filesystem operations for ``layout`` (see the module docstring)."""
     made: set[str] = set(layout.hidden_trees) | {"/proc", "/dev"}
+    modes = dict(layout.modes)
     ops: list[Op] = [RoBind("/", "/")]
     for tree in layout.hidden_trees:
         size = layout.tmp_bytes if tree in SCRATCH else None
-        ops.append(Tmpfs(tree, size, 0o1777 if size else 0o755))
+        ops.append(Tmpfs(tree, size, 0o1777 if size else modes.get(tree, 0o755)))
     ops += [RoData(Data(path, b""), path, 0o444) for path in layout.hidden_files]
     ops += kernel_filesystems(layout.shm_bytes)
     for e in layout.read_only:
-        ops.extend(parents(e.path, made))
+        ops.extend(parents(e.path, made, modes))
         made.add(e.path)
         ops.append(RoBind(e.path, e.path))
     for e in sorted(layout.writable, key=lambda e: e.path.count("/")):
-        ops.extend(parents(e.path, made))
+        ops.extend(parents(e.path, made, modes))
         made.add(e.path)
-        ops.append(BindFd(PathHandle(e.path, e.kind == "dir"), e.path, writable=True))
+        ops.append(BindFd(PathHandle(e.source or e.path, e.kind == "dir"), e.path,
+                          writable=True))
     ops.extend(_finding_ops(layout.findings))
     return ops
 
@@ -138,14 +153,12 @@ def _finding_ops(findings: Sequence[Finding]) -> Iterator[Op]:
     # point, so rename(2) of it fails with EBUSY: the agent cannot swap in its own .git.
     for f in sorted(findings, key=lambda f: (f.path.count("/"), f.action != "pin", f.path)):
         if f.action == "pin":
-            yield BindFd(PathHandle(f.path), f.path, writable=True)
+            yield BindFd(PathHandle(f.path, no_links=True), f.path, writable=True)
         elif f.action == "protect":
-            yield BindFd(PathHandle(f.path, f.kind == "dir"), f.path, writable=False)
-        elif f.kind == "dir":
-            yield Tmpfs(f.path, None, 0o755)
-            yield RemountRo(f.path)
+            yield BindFd(PathHandle(f.path, f.kind == "dir", no_links=True), f.path,
+                         writable=False)
         else:
-            yield RoData(Data(f.path, b""), f.path, 0o444)
+            yield from mask(f.path, f.kind)
 
 
 def profile_for(argv: Sequence[str]) -> str:
@@ -153,7 +166,7 @@ def profile_for(argv: Sequence[str]) -> str:
     return AGENT_PROFILES.get(os.path.basename(argv[0]) if argv else "", "generic")
 
 
-def _identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
+def identity(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, str]:
     """uid, gid, user name and home of the agent.  Started by root: the project's owner."""
     uid, gid, user, home = _who(project, host, policy)
     if policy.home is not None:
@@ -201,16 +214,11 @@ def _expand(path: str, home: str) -> str:
     return os.path.join(home, path[2:]) if path.startswith("~/") else path
 
 
-def _writable(policy: Policy, home: str, project: str, owner: tuple[int, int]) -> list[Entry]:
-    """The agent's state paths (directories end with '/', created for ``owner`` if missing)."""
+def _writable(policy: Policy, home: str, project: str) -> list[Entry]:
+    """The project and the paths the profile or ``--rw`` make writable (if they exist)."""
     entries = [Entry(project, "rw", "dir", "the project")]
     for raw in policy.writable:
         path = _expand(raw, home).rstrip("/")
-        if raw.endswith("/") and not os.path.lexists(path):
-            # exist_ok: two agents started at once both find it missing (corral probe does)
-            os.makedirs(path, mode=0o700, exist_ok=True)
-            if os.geteuid() == 0:
-                os.chown(path, *owner)
         if not os.path.lexists(path):
             continue
         real = guard.check_writable_root(path, "writable path", home=home) \
@@ -219,45 +227,26 @@ def _writable(policy: Policy, home: str, project: str, owner: tuple[int, int]) -
             raise UsageError(f"writable path {path} links outside the home directory", "",
                              "point it inside your home, or drop it from the profile")
         kind = "dir" if os.path.isdir(real) else "file"
-        entries.append(Entry(path, "rw", kind, "the agent's own state"))
+        entries.append(Entry(path, "rw", kind, "made writable by the profile or --rw"))
     return entries
 
 
-def _program_mounts(found: str, hidden: Sequence[str], home: str) -> list[str]:
-    """Directories to make visible read-only so the agent's program can run.
-
-    A program inside a hidden tree (say ~/.npm-global/bin/claude) gets its
-    installation prefix when that is safe, else just its own directory; a
-    script's interpreter (``#!/usr/bin/env node``) is followed the same way.
-    """
-    needed: list[str] = []
-    for path in dict.fromkeys((found, os.path.realpath(found))):
-        if not any(_under(path, t) for t in hidden):
-            continue
-        prefix = os.path.dirname(os.path.dirname(path))
-        safe = (os.path.basename(os.path.dirname(path)) == "bin" and prefix not in
-                (home, os.path.join(home, ".local")) and not _under(home, prefix))
-        needed.append(prefix if safe else os.path.dirname(path))
-    interpreter = _shebang(found)
-    if interpreter is not None:
-        located = shutil.which(interpreter) if "/" not in interpreter else interpreter
-        if located and located != found:
-            needed += _program_mounts(located, hidden, home)
-    return list(dict.fromkeys(needed))
+def _check_state_alone(dirs: Sequence[state.StateDir], others: Sequence[str]) -> None:
+    """Nothing may be mounted inside corral's copy of the agent's state: bwrap would make
+    its mount point there, by path, in a tree the sandbox writes (DESIGN fact 7)."""
+    for d in dirs:
+        for path in others:
+            if _under(path, d.dest):
+                raise UsageError(
+                    f"{path} is inside {d.dest}, where corral mounts its private copy of "
+                    "the agent's state", "nothing is mounted inside that copy",
+                    f"run from another directory, drop that path, or use the real folder "
+                    f"on purpose with --rw {d.dest}")
 
 
-def _shebang(path: str) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            line = f.readline(256).decode(errors="replace")
-    except OSError:
-        return None
-    match = re.match(r"#!\s*(\S+)(?:\s+(\S+))?", line)
-    if match is None:
-        return None
-    if os.path.basename(match.group(1)) == "env" and match.group(2):
-        return match.group(2)
-    return match.group(1)
+def _state_entries(dirs: Sequence[state.StateDir]) -> list[Entry]:
+    return [Entry(d.dest, "rw", "dir", f"the agent's state: corral's private copy, {d.source}",
+                  d.source) for d in dirs]
 
 
 def _listed_read_only(policy: Policy, home: str, writable: Sequence[Entry]) -> list[Finding]:
@@ -277,8 +266,9 @@ def _listed_read_only(policy: Policy, home: str, writable: Sequence[Entry]) -> l
     return found
 
 
-def _read_only(policy: Policy, home: str, program: Sequence[str], host: HostFacts,
-               hidden: Sequence[str], writable: Sequence[Entry]) -> list[Entry]:
+def _read_only(policy: Policy, home: str, program: Sequence[tuple[str, str]],
+               host: HostFacts, hidden: Sequence[str], writable: Sequence[Entry]
+               ) -> list[Entry]:
     entries = []
     for raw in (*BASE_READ_ONLY, *policy.read_only):
         path = _expand(raw, home)
@@ -287,7 +277,7 @@ def _read_only(policy: Policy, home: str, program: Sequence[str], host: HostFact
         if os.path.lexists(path):
             entries.append(Entry(path, "ro", "dir" if os.path.isdir(path) else "file",
                                  "listed read-only by the profile or a flag"))
-    entries += [Entry(p, "ro", "dir", "the agent's program") for p in program]
+    entries += [Entry(p, "ro", kind, "the agent's program") for p, kind in program]
     if any(_under(host.python, t) for t in hidden):
         entries.append(Entry(host.python_prefix, "ro", "dir", "corral's Python, for its init"))
     return entries
@@ -308,45 +298,68 @@ def _environment(policy: Policy, home: str, user: str, path: str,
                  extra: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...]:
     env = {"PATH": path, "HOME": home, "USER": user, "LOGNAME": user, "TMPDIR": "/tmp",
            "SHELL": "/bin/bash" if os.path.exists("/bin/bash") else "/bin/sh"}
-    for name in (*BASE_PASS_ENV, *policy.pass_env):
-        if name in os.environ:
-            env[name] = os.environ[name]
-    env.update(policy.env)
+    env.update(passed((*BASE_PASS_ENV, *policy.pass_env), os.environ))
+    # A profile's ~/ values name the agent's home (CLAUDE_CONFIG_DIR = "~/.claude").
+    env.update((k, _expand(v, home)) for k, v in policy.env)
     env.update(extra)
     return tuple(env.items())
 
 
 def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project: str,
-                  extra_env: Sequence[tuple[str, str]] = ()) -> tuple[Sandbox, Layout]:
-    """The sandbox for ``corral agent`` or ``corral shell`` in ``project``."""
+                  extra_env: Sequence[tuple[str, str]] = (), *, prepare: bool = False,
+                  import_state: bool = False) -> tuple[Sandbox, Layout]:
+    """The sandbox for ``corral agent`` or ``corral shell`` in ``project``.
+
+    With ``prepare``, corral's copy of the agent's state is made (and imported into on
+    first use or with ``import_state``) and its credentials refreshed; without, nothing
+    is created (``--dry-run``).
+    """
     disable_userns = resolve.check_host(policy, host)
     # The launcher's own home first, then (started by root) the agent's.
     guard.check_writable_root(project, "project", home=os.path.expanduser("~"))
-    uid, gid, user, home = _identity(os.path.realpath(project), host, policy)
+    uid, gid, user, home = identity(os.path.realpath(project), host, policy)
     project = guard.check_writable_root(project, "project", home=home)
+    if host.is_root and not can_reach(project, uid, gid):
+        raise UsageError(f"project {project} is in a folder its owner (uid {uid}) cannot reach "
+                         "on the host", "the agent runs as that user, and corral gives it no "
+                         "more than the host does", "move the project, or open the folders "
+                         "above it to that user")
     hidden = _hidden_trees(home, policy, project)
     search = os.environ.get("PATH", os.defpath)
-    found = resolve.which_command(argv, search, base_dir=project)
-    writable = _writable(policy, home, project, (uid, gid))
-    roots = [e.path for e in writable if e.kind == "dir"]
-    findings: list[Finding] = []
-    for root in roots:
-        findings += discover.scan(root, policy.allow_secrets, policy.protect, roots)
-    findings += _listed_read_only(policy, home, writable)
+    found = interp.which_command(argv, search, base_dir=project)
+    writable = _writable(policy, home, project)
+    dirs = state.plan(policy, home, [e.path for e in writable])
+    _check_state_alone(dirs, [*(e.path for e in writable),
+                              *(_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only))])
+    notes = state.prepare(policy, home, (uid, gid) if host.is_root else None, dirs,
+                          import_state) if prepare else []
+    # Only the user's own trees are scanned: nothing in corral's copy of the agent's state
+    # runs outside corral, and nothing is mounted inside it (no mount point to create).
+    findings, expected = _protections(policy, home, writable, (uid, gid) if host.is_root
+                                      else None, dry_run=not prepare)
+    needs, installs = program.needed(found, hidden, home, uid, gid)
+    read_only = _read_only(policy, home, needs, host, hidden, writable)
+    for e in read_only:  # an interpreter's installation holds its library, nobody's secrets
+        if e.kind == "dir" and e.path not in (*installs, host.python_prefix):
+            findings += discover.secrets_in(e.path)
+    findings = list({(f.path, f.action): f for f in findings}.values())
+    all_writable = (*writable, *_state_entries(dirs))
+    # Search (not listing) on the way to what the launcher itself chose: corral's Python,
+    # which its init runs on, the agent's interpreter, and --ro paths; every other folder
+    # bwrap makes is no wider than the agent's user finds it on the host.
+    init_prefix = [host.python_prefix] if any(_under(host.python, t) for t in hidden) else []
+    modes = dir_modes([*hidden, *(e.path for e in (*read_only, *all_writable))], uid, gid,
+                      traverse=[*init_prefix, *installs, *(p for p in policy.read_only
+                                                           if not p.startswith("~/"))])
     layout = Layout(
         project=project, home=home, hidden_trees=hidden,
         hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),
-        read_only=tuple(_read_only(policy, home, _program_mounts(found, hidden, home), host,
-                                   hidden, writable)),
-        writable=tuple(writable), findings=tuple(findings),
-        tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes)
-    expected = []
-    for root in roots:  # deepest roots last: a finding is checked from its nearest root
-        mine = [f for f in findings if _under(f.path, root)
-                and not any(_under(f.path, r) and len(r) > len(root) for r in roots)]
-        expected += discover.verify_unchanged(root, mine)
-    config, program = resolve.kernel_layers(policy, host, uid, gid,
-                                            [*(e.path for e in writable), "/var/tmp"])
+        read_only=tuple(read_only), writable=all_writable, findings=tuple(findings),
+        tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes,
+        notes=tuple(notes), modes=tuple(modes.items()))
+    config, seccomp_program = resolve.kernel_layers(policy, host, uid, gid,
+                                                    [*(e.path for e in layout.writable),
+                                                     "/var/tmp"])
     config["expect_mounts"] = expected
     return Sandbox(
         argv=(found, *argv[1:]),
@@ -358,8 +371,31 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         seal=tuple(agent_seal(layout)),
         env=_environment(policy, home, user, search, extra_env),
         chdir=project,
-        seccomp=program,
+        seccomp=seccomp_program,
     ), layout
+
+
+def _protections(policy: Policy, home: str, writable: Sequence[Entry],
+                 owner: tuple[int, int] | None, dry_run: bool
+                 ) -> tuple[list[Finding], list[list[object]]]:
+    """What stays read-only, hidden or pinned inside the writable trees, and what the
+    init checks of it from inside (see :mod:`corral.discover`)."""
+    roots = Roots([fsops.Tree(e.path, owner) for e in writable if e.kind == "dir"])
+    try:
+        scope = repos.Scope(roots, home, create=not dry_run)
+        inherited, findings = repos.global_config(scope)
+        scope = scope._replace(inherited=inherited)
+        for tree in roots.trees:
+            findings += discover.scan(tree, scope, policy.allow_secrets, policy.protect)
+        findings += _listed_read_only(policy, home, writable)
+        findings = discover.with_parents(findings, scope)
+        expected = []
+        for tree in roots.trees:  # each finding is checked from its nearest tree
+            mine = [f for f in findings if (held := roots.find(f.path)) and held[0] is tree]
+            expected += discover.verify_unchanged(tree, mine)
+        return findings, expected
+    finally:
+        roots.close()
 
 
 def note_environment(sb: Sandbox) -> str:

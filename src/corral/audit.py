@@ -1,0 +1,390 @@
+"""The audit: what a run planted where the host will trust it, found and undone on every
+exit path; and, while the run lives, a watch on git directories (:mod:`corral.livewatch`).
+
+At launch, a :class:`Census` records the writable trees: their git directories, the paths
+with protected names, corral's placeholders, and (where nothing inside is mounted
+read-only: a reused ``corral run`` workspace) a copy of each git control file and
+protected file up to a size.  After the run, however it ended (a normal exit, Ctrl-C,
+SIGTERM or SIGHUP, which the CLI turns into an orderly unwinding, a crashed payload, an
+exception in corral's own supervision), :func:`audit` walks the trees again:
+
+* a git directory that appeared during the run (``git init``, a bare ``x.git``, a clone)
+  loses to the quarantine its ``config`` unless every key in it is one git never runs
+  anything for (:data:`INERT`), every hook that is not a ``.sample``, its ``commondir``
+  and its ``config.worktree``;
+* a git directory that existed loses a ``commondir`` (main git directories) or
+  ``config.worktree`` that appeared, and any control file changed during the run, whose
+  copy from launch is put back;
+* a path with a protected name (``.envrc``, ``.vscode``, ``.husky``...) created or changed
+  during the run goes to the quarantine (the copy from launch put back);
+* a set-user-ID or set-group-ID bit set during the run is cleared;
+* a ``.git`` that is neither a plain folder nor a plain file goes to the quarantine;
+* the placeholders corral made are removed.
+
+"During the run" is the inode's change time, which only the kernel sets: a payload cannot
+make what it changed look older.  The quarantine is ``RUNS/<run-id>/quarantine``.
+Everything done is an :class:`Action`, for stderr, ``--json`` and the run record.  All of
+it goes through :mod:`corral.fsops`; nothing found is run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import signal
+import stat
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from . import discover, fsops, gitconfig, repos
+from .fswalk import join, move, walk
+from .guard import Finding
+
+__all__ = ["INERT", "Action", "Auditor", "Census", "census_of_findings", "census_of_tree"]
+
+# Keys of a config git never runs a program for: a new repository's config holding only
+# these is left in place (a clone's remote and branches, git init's core settings).
+INERT = frozenset({
+    "core.repositoryformatversion", "core.filemode", "core.bare", "core.logallrefupdates",
+    "core.ignorecase", "core.precomposeunicode", "core.symlinks", "core.autocrlf", "core.eol",
+    "init.defaultbranch", "user.name", "user.email", "extensions.objectformat",
+    "remote.*.url", "remote.*.pushurl", "remote.*.fetch", "remote.*.push", "remote.*.tagopt",
+    "remote.*.mirror", "branch.*.remote", "branch.*.merge", "branch.*.rebase",
+    "branch.*.pushremote", "submodule.*.url", "submodule.*.active",
+})
+SETID = stat.S_ISUID | stat.S_ISGID
+BACKUP_CAP = 1 << 20  # bytes of one file copied at launch
+BACKUP_TOTAL = 32 << 20  # bytes of all of them
+AUDIT_CAP = 500_000  # entries walked after the run
+MAX_WATCHED = 4_000  # git directories the live watch follows (like discover.MAX_MASKS)
+
+
+class Action(NamedTuple):
+    """One thing the audit did (or could not do), and why."""
+
+    path: str
+    did: str  # quarantined, restored, cleared set-id bits, removed, failed
+    why: str
+    to: str | None = None  # where the quarantined thing now is
+
+    def line(self) -> str:
+        if self.did == "failed":
+            return f"{self.path}: {self.why}; corral could not undo it: inspect it before " \
+                   "running git or other tools there"
+        where = f" to {self.to}" if self.to else ""
+        return f"{self.did} {self.path}{where}: {self.why}"
+
+    def to_json(self) -> dict[str, str]:
+        return {k: v for k, v in self._asdict().items() if v is not None}
+
+
+@dataclass(slots=True)
+class Census:
+    """The writable trees at launch, as the audit compares them."""
+
+    trees: tuple[tuple[str, tuple[int, int] | None], ...]  # (top, whose they are)
+    names: frozenset[str]  # protected names (discover.PROTECTED_NAMES and --protect)
+    gitdirs: frozenset[str] = frozenset()  # main git directories
+    linked: frozenset[str] = frozenset()  # submodule and worktree git directories
+    protected: frozenset[str] = frozenset()  # paths with protected names
+    placeholders: tuple[tuple[str, int, int], ...] = ()  # (path, dev, ino)
+    backups: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # path: data, mode
+    started_ns: int = field(default_factory=time.time_ns)
+
+    def changed(self, st: os.stat_result | None) -> bool:
+        return st is not None and st.st_ctime_ns >= self.started_ns
+
+    def watched(self) -> list[tuple[str, str, tuple[int, int] | None]]:
+        """(git directory, its tree's top, owner) for the live watch."""
+        return [(g, top, owner) for g in sorted(self.gitdirs) for top, owner in self.trees
+                if g.startswith(top.rstrip("/") + "/") or g == top][:MAX_WATCHED]
+
+
+HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+@contextlib.contextmanager
+def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
+            ) -> Iterator[None]:
+    """Watch the census' git directories while the block runs, then audit, however the
+    block ends; SIGINT, SIGTERM and SIGHUP wait meanwhile (a second Ctrl-C must not cut
+    the audit short).  ``actions`` receives what the watch and the audit did."""
+    from .livewatch import LiveWatch  # it reports with Action, defined here
+
+    watch = LiveWatch(census.watched())
+    try:
+        with watch:
+            yield
+    finally:
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+        try:
+            actions += watch.actions
+            actions += Auditor(census, quarantine).run()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
+                       findings: Sequence[Finding], names: frozenset[str]) -> Census:
+    """Agent mode: the scan has found everything (and all of it is read-only inside)."""
+    placeholders = []
+    for f in findings:
+        if f.origin == "placeholder":
+            try:
+                st = os.lstat(f.path)  # made just now by corral; checked again at removal
+                placeholders.append((f.path, st.st_dev, st.st_ino))
+            except OSError:
+                continue
+    return Census(
+        tuple(trees), names,
+        gitdirs=frozenset(f.path for f in findings if f.reason == repos.GITDIR),
+        linked=frozenset(f.path for f in findings if f.reason == repos.LINKED),
+        protected=frozenset(f.path for f in findings if os.path.basename(f.path) in names
+                            or os.path.basename(f.path) == ".git"),
+        placeholders=tuple(placeholders))
+
+
+def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str]) -> Census:
+    """Run mode, a reused workspace: nothing is read-only inside, so copies are kept."""
+    gitdirs, protected, budget = set(), set(), [BACKUP_TOTAL]
+    backups: dict[str, tuple[bytes, int]] = {}
+    with fsops.Tree(top, owner) as tree:
+        try:
+            for here, entries in walk(tree, limit=AUDIT_CAP, stats=True):
+                if here and repos.is_git_dir({e.name for e in entries}):
+                    gitdirs.add(tree.path(here))
+                    _keep(tree, here, backups, budget)
+                    entries.clear()
+                    continue
+                for e in [e for e in entries if e.name in names or e.name == ".git"]:
+                    rel = join(here, e.name)
+                    protected.add(tree.path(rel))
+                    if e.name == ".git" and e.kind == "dir":
+                        gitdirs.add(tree.path(rel))
+                        _keep(tree, rel, backups, budget)
+                    elif e.kind == "file":
+                        _copy(tree, rel, backups, budget)
+                    entries.remove(e)
+        except OSError:
+            pass  # an unreadable corner: the audit then quarantines what it cannot compare
+    return Census(((top, owner),), names, frozenset(gitdirs), protected=frozenset(protected),
+                  backups=backups)
+
+
+def _keep(tree: fsops.Tree, gitdir: str, backups: dict[str, tuple[bytes, int]],
+          budget: list[int]) -> None:
+    for name in ("config", "config.worktree"):
+        _copy(tree, f"{gitdir}/{name}", backups, budget)
+    if tree.lstat(f"{gitdir}/hooks") is not None:
+        for e in tree.scandir(f"{gitdir}/hooks"):
+            _copy(tree, f"{gitdir}/hooks/{e.name}", backups, budget)
+
+
+def _copy(tree: fsops.Tree, rel: str, backups: dict[str, tuple[bytes, int]],
+          budget: list[int]) -> None:
+    try:
+        st = tree.lstat(rel)
+        data = tree.read(rel, min(BACKUP_CAP, budget[0])) if st is not None else None
+    except OSError:
+        return
+    if st is not None and data is not None:
+        budget[0] -= len(data)
+        backups[tree.path(rel)] = (data, stat.S_IMODE(st.st_mode) & 0o755)
+
+
+class Auditor:
+    """Runs the audit of one census; ``quarantine`` makes (once) the folder things go to."""
+
+    def __init__(self, census: Census, quarantine: Callable[[], str]) -> None:
+        self.census = census
+        self.make_quarantine = quarantine
+        self.qtree: fsops.Tree | None = None
+        self.actions: list[Action] = []
+
+    def run(self) -> list[Action]:
+        try:
+            for top, owner in self.census.trees:
+                self._tree(top, owner)
+            self._placeholders()
+        finally:
+            if self.qtree is not None:
+                self.qtree.close()
+        return self.actions
+
+    def _tree(self, top: str, owner: tuple[int, int] | None) -> None:
+        try:
+            tree = fsops.Tree(top, owner)
+        except OSError as e:
+            self.actions.append(Action(top, "failed", f"cannot audit it ({e.strerror})"))
+            return
+        with tree:
+            try:
+                for here, entries in walk(tree, limit=AUDIT_CAP, stats=True):
+                    self._directory(tree, here, entries)
+            except OSError as e:
+                self.actions.append(Action(tree.path(""), "failed",
+                                           f"the audit could not finish ({e.strerror})"))
+
+    def _directory(self, tree: fsops.Tree, here: str, entries: list[fsops.Entry]) -> None:
+        if here and repos.is_git_dir({e.name for e in entries}):
+            entries.clear()
+            self._gitdir(tree, here)
+            return
+        keep = []
+        for e in entries:
+            rel = join(here, e.name)
+            if e.kind == "file" and e.st is not None and e.st.st_mode & SETID \
+                    and self.census.changed(e.st):
+                self._strip(tree, rel)
+            if e.name == ".git":
+                self._dot_git(tree, rel, e)
+            elif e.name in self.census.names:
+                self._protected(tree, rel, e)
+            elif e.kind == "dir":
+                keep.append(e)
+        entries[:] = keep
+
+    def _strip(self, tree: fsops.Tree, rel: str) -> None:
+        try:
+            tree.chmod(rel, SETID)
+            self.actions.append(Action(tree.path(rel), "cleared set-id bits of",
+                                       "set during the run: it would run as its owner"))
+        except OSError as e:
+            self.actions.append(Action(tree.path(rel), "failed", f"a set-id bit set during "
+                                       f"the run could not be cleared ({e.strerror})"))
+
+    def _dot_git(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
+        if e.kind == "dir":
+            self._gitdir(tree, rel)
+        elif e.kind != "file" or (tree.path(rel) not in self.census.protected
+                                  and self.census.changed(e.st)):
+            self._quarantine(tree, rel, f"a .git ({e.kind}) made during the run")
+
+    def _protected(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
+        if tree.path(rel) not in self.census.protected:
+            if e.kind != "dir" or self.census.changed(e.st):
+                self._quarantine(tree, rel, "made during the run, and trusted by tools on "
+                                 "the host")
+            return
+        if e.kind != "dir":
+            if self.census.changed(e.st):
+                self._quarantine(tree, rel, "changed during the run, and trusted by tools "
+                                 "on the host", restore=True)
+            return
+        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True):
+            for sub in entries:
+                if sub.kind != "dir" and self.census.changed(sub.st):
+                    self._quarantine(tree, join(here, sub.name), "changed during the run, "
+                                     "inside a folder tools on the host trust", restore=True)
+
+    def _gitdir(self, tree: fsops.Tree, rel: str) -> None:
+        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True):
+            for e in entries:  # set-id bits inside git directories too
+                if e.kind == "file" and e.st is not None and e.st.st_mode & SETID \
+                        and self.census.changed(e.st):
+                    self._strip(tree, join(here, e.name))
+        path = tree.path(rel)
+        new = path not in self.census.gitdirs and path not in self.census.linked
+        main = path not in self.census.linked
+        for name, rule in _controls(tree, rel):
+            sub = f"{rel}/{name}"
+            st = tree.lstat(sub)
+            if st is None:
+                continue
+            if new:
+                if rule != "config" or not self._inert(tree, sub):
+                    self._quarantine(tree, sub, "in a git directory made during the run: "
+                                     "git would run or obey it on the host")
+            elif (name == "commondir" and main) or self.census.changed(st):
+                self._quarantine(tree, sub, "changed during the run: git would run or obey "
+                                 "it on the host", restore=True)
+        for nested in ("modules", "worktrees"):
+            if tree.lstat(f"{rel}/{nested}") is None:
+                continue
+            for here, entries in walk(tree, f"{rel}/{nested}", limit=AUDIT_CAP):
+                names = {e.name for e in entries}
+                if "HEAD" in names and ("config" in names or repos.is_git_dir(names)):
+                    entries.clear()
+                    self._gitdir(tree, here)
+
+    def _inert(self, tree: fsops.Tree, rel: str) -> bool:
+        try:
+            entries = gitconfig.parse(tree.read(rel, repos.CONFIG_CAP) or b"")
+        except (OSError, gitconfig.ConfigError):
+            return False
+        return all(_inert_key(name, value) for name, value in entries)
+
+    def _quarantine(self, tree: fsops.Tree, rel: str, why: str, restore: bool = False) -> None:
+        path = tree.path(rel)
+        try:
+            if self.qtree is None:
+                self.qtree = fsops.Tree(self.make_quarantine())
+            dest = f"{len(self.actions):04d}-{os.path.basename(rel)}"
+            move(tree, rel, self.qtree, dest)
+        except OSError as e:
+            self.actions.append(Action(path, "failed", f"{why} ({e.strerror})"))
+            return
+        self.actions.append(Action(path, "quarantined", why, self.qtree.path(dest)))
+        saved = self.census.backups.get(path)
+        if restore and saved is not None:
+            try:
+                tree.write_new(rel, saved[0], saved[1])
+                self.actions.append(Action(path, "restored", "its content from the launch"))
+            except OSError as e:
+                self.actions.append(Action(path, "failed", f"could not put back its content "
+                                           f"from the launch ({e.strerror})"))
+
+    def _placeholders(self) -> None:
+        for path, dev, ino in self.census.placeholders:
+            held = next(((t, o) for t, o in self.census.trees
+                         if path.startswith(t.rstrip("/") + "/")), None)
+            if held is None:
+                continue
+            try:
+                with fsops.Tree(held[0], held[1]) as tree:
+                    rel = os.path.relpath(path, held[0])
+                    st = tree.lstat(rel)
+                    if st is not None and (st.st_dev, st.st_ino) == (dev, ino) and \
+                            st.st_size == 0 and stat.S_ISREG(st.st_mode):
+                        tree.unlink(rel)
+            except OSError as e:
+                if e.errno != errno.ENOENT:
+                    self.actions.append(Action(path, "failed", "corral's placeholder could "
+                                               f"not be removed ({e.strerror})"))
+
+
+def _controls(tree: fsops.Tree, gitdir: str) -> Iterator[tuple[str, str]]:
+    """(name, rule) of what git obeys in a git directory: config, the worktree config,
+    commondir, and every hook that is not a sample."""
+    yield "config", "config"
+    yield "config.worktree", "file"
+    yield "commondir", "file"
+    if tree.lstat(f"{gitdir}/hooks") is not None:
+        try:
+            for e in tree.scandir(f"{gitdir}/hooks"):
+                if not e.name.endswith(".sample") or e.kind != "file":
+                    yield f"hooks/{e.name}", "hook"
+        except NotADirectoryError:
+            yield "hooks", "hook"
+
+
+def _inert_key(name: str, value: str | None) -> bool:
+    section, sub, key = gitconfig.split_name(name)
+    pattern = f"{section}.*.{key}" if sub is not None else name
+    if pattern not in INERT:
+        return False
+    # A URL with a transport helper ("ext::cmd", "fd::3") runs a program when fetched.
+    return not (key in ("url", "pushurl") and value is not None and "::" in value)
+
+
+# Hidden at launch as secrets, but also run by the host (direnv runs .envrc on entering
+# the directory): a new one is planted code.
+RUN_BY_HOST = frozenset({".envrc"})
+
+
+def protected_names(extra: Sequence[str] = ()) -> frozenset[str]:
+    """The names the audit compares: what the host runs or trusts, wherever it appears."""
+    return frozenset(discover.PROTECTED_NAMES | RUN_BY_HOST | set(extra))

@@ -1,0 +1,98 @@
+"""Walks, removals and moves beneath payload-writable trees, made of :class:`fsops.Tree`'s
+single-name operations only (no system call of its own): so they inherit its guarantees,
+never following a link, never blocking, acting as the tree's owner when root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import stat
+from collections.abc import Iterator
+
+from .fsops import Entry, Tree, kind_of
+
+__all__ = ["COPY_CAP", "move", "remove", "walk"]
+
+COPY_CAP = 256 << 20  # bytes one move across file systems may copy (then it refuses)
+
+
+def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False
+         ) -> Iterator[tuple[str, list[Entry]]]:
+    """Top-down, like ``os.walk``: (directory, its entries) for ``rel`` and every directory
+    beneath.  Remove a directory from the yielded list to stay out of it.  A directory gone
+    meanwhile is skipped; one replaced by a link is ``ELOOP``; past ``limit`` entries in
+    all, ``E2BIG``.  ``stats``: see :meth:`Tree.scandir`."""
+    stack, count = [rel], 0
+    while stack:
+        here = stack.pop()
+        try:
+            entries = tree.scandir(here, stats)
+        except FileNotFoundError:
+            continue
+        count += len(entries)
+        if count > limit:
+            raise OSError(errno.E2BIG, f"more than {limit} entries", tree.path(rel))
+        yield here, entries
+        stack += [join(here, e.name) for e in entries if e.kind == "dir"]
+
+
+def join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def remove(tree: Tree, rel: str, budget: list[int] | None = None) -> None:
+    """Remove ``rel`` and, if a directory, all beneath it (links themselves only).
+    ``budget`` (one number, shared) caps the entries removed: ``E2BIG`` past it."""
+    budget = budget if budget is not None else [1 << 20]
+    st = tree.lstat(rel)
+    if st is None:
+        return
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise OSError(errno.E2BIG, "too many entries to remove", tree.path(rel))
+    if not stat.S_ISDIR(st.st_mode):
+        tree.unlink(rel)
+        return
+    for e in tree.scandir(rel):
+        remove(tree, join(rel, e.name), budget)
+    tree.rmdir(rel)
+
+
+def move(tree: Tree, rel: str, dest: Tree, dest_rel: str) -> None:
+    """Move ``rel`` to ``dest_rel`` beneath ``dest``: a rename, or across file systems a
+    bounded copy (files, directories, links; ``COPY_CAP`` bytes) and then a removal.
+    A FIFO, socket or device is not copied: ``EXDEV`` then, and nothing changes."""
+    try:
+        tree.rename(rel, dest, dest_rel)
+        return
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    try:
+        _copy(tree, rel, dest, dest_rel, [COPY_CAP])
+    except OSError:
+        with contextlib.suppress(OSError):
+            remove(dest, dest_rel)
+        raise
+    remove(tree, rel)
+
+
+def _copy(tree: Tree, rel: str, dest: Tree, dest_rel: str, budget: list[int]) -> None:
+    st = tree.lstat(rel)
+    if st is None:
+        raise FileNotFoundError(errno.ENOENT, "gone", tree.path(rel))
+    budget[0] -= max(st.st_size, 1) if stat.S_ISREG(st.st_mode) else 1
+    if budget[0] < 0:
+        raise OSError(errno.EFBIG, "too large to copy", tree.path(rel))
+    if stat.S_ISLNK(st.st_mode):
+        dest.symlink(tree.readlink(rel), dest_rel)
+    elif stat.S_ISDIR(st.st_mode):
+        dest.mkdir(dest_rel, 0o700)
+        for e in tree.scandir(rel):
+            _copy(tree, join(rel, e.name), dest, join(dest_rel, e.name), budget)
+    elif stat.S_ISREG(st.st_mode):
+        data = tree.read(rel, st.st_size + max(budget[0], 0))
+        dest.write_new(dest_rel, data or b"", stat.S_IMODE(st.st_mode) & 0o755 | 0o600)
+    else:
+        raise OSError(errno.EXDEV, f"a {kind_of(st.st_mode)} cannot be copied", tree.path(rel))

