@@ -540,6 +540,48 @@ def _cgroups_of(who: Identity, run_id: str) -> list[Path]:
             if (p := Path(f"/sys/fs/cgroup/{c}/corral/uid-{who.uid}/{run_id}")).exists()]
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stopped_launcher_leaves_no_cgroup(who: Identity, signum: int) -> None:
+    """SIGTERM (a service manager, a test harness's timeout) or SIGHUP (a closed terminal)
+    ended `corral run` at once: the sandbox died with it (--die-with-parent), its cgroups
+    stayed, one directory per controller; its record said "running".  The CLI now unwinds
+    on them (main did it too, for the audit): no cgroup is left."""
+    left, record = _stopped(who, signum, "protected")
+    assert left == [] and record["status"] == "interrupted", (left, record)
+    left, record = _stopped(who, signum, "signals-kill")  # the control: they were left
+    assert len(left) == len(CONTROLLERS) and record["status"] == "running"
+
+
+def _stopped(who: Identity, signum: int, mode: str) -> tuple[list[Path], dict[str, Any]]:
+    """The cgroups left by a `corral run` stopped with ``signum``, and its record."""
+    marker = f"corral-stop-{os.urandom(4).hex()}"
+    runs = who.tmp / f"runs-{mode}-{int(signum)}"
+    proc = _launcher(who, mode, runs, "/bin/sh", "-c", f"sleep 60; : {marker}")
+    run_id = ""
+    try:
+        assert _eventually(lambda: runs.exists() and len(os.listdir(runs)) == 1, 60)
+        (run_id,) = os.listdir(runs)
+        assert _eventually(lambda: len(_cgroups_of(who, run_id)) == len(CONTROLLERS)
+                           and len(processes_with(marker)) > 1, 60)  # the payload runs
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) == (128 + signum if mode == "protected" else -signum)
+        assert _eventually(lambda: processes_with(marker) == [], 60), (mode, signum)
+        return _cgroups_of(who, run_id), json.loads((runs / run_id / "record.json").read_text())
+    finally:
+        proc.kill()
+        proc.wait()
+        for p in _cgroups_of(who, run_id):  # the control's, once its processes are gone
+            assert _eventually(lambda p=p: _rmdir(p))
+
+
+def _rmdir(path: Path) -> bool:
+    try:
+        path.rmdir()
+    except OSError:
+        return False
+    return True
+
+
 def test_cgroups_of_killed_launchers_are_swept(who: Identity) -> None:
     """A launcher SIGKILLed (a Ray node removed) cannot clean up: 86 empty run cgroups were
     found piled up after many test sessions.  The next run removes those that are empty and
