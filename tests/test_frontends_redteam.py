@@ -648,3 +648,49 @@ def test_the_ray_engines_own_cluster_token_is_in_no_file(root: Identity) -> None
             assert got["env_after"] == {"RAY_AUTH_MODE": None, "RAY_AUTH_TOKEN": None}
         else:  # the control: readable by every user who can enter the home directory
             assert got["token_mode"] is not None and got["token_mode"] & 0o044, got
+
+
+# --- DNS rebinding against any loopback address ---------------------------------------------
+
+# The front end, its Host and Origin checks left out in the control ("unguarded").
+REBIND_RUNNER = """
+import sys
+if sys.argv[1] == "unguarded" and sys.argv[2] == "mcp":
+    import corral.mcp.server
+    corral.mcp.server.rebinding_guard = lambda host: None
+if sys.argv[1] == "unguarded" and sys.argv[2] == "serve":
+    import corral.serve.app
+    corral.serve.app.App._check_host = lambda self, scope: None
+from corral.cli import main
+main(sys.argv[2:])
+"""
+
+
+@pytest.mark.parametrize("kind", ["serve", "mcp"])
+def test_a_page_cannot_rebind_to_any_loopback_address(who: Identity, kind: str,
+                                                      request: Any) -> None:
+    """127.0.0.0/8 is loopback: either server bound to 127.0.0.2 needs no token.  corral mcp
+    there had no Host check at all (the SDK guards 127.0.0.1, localhost and ::1 only), so a
+    web page whose name was rebound to 127.0.0.2 ran code in it; now both servers refuse a
+    foreign Host (421) and Origin (403) on every loopback address."""
+    extra = request.getfixturevalue("serve_extra" if kind == "serve" else "sdk")
+    path = mcp_environ(who, extra).get("PYTHONPATH", "") if kind == "mcp" else (
+        f"{who.src}:{extra}" if who.src else str(extra))
+    for mode in ("guarded", "unguarded"):
+        port = free_port()
+        url, body, headers = (f"http://127.0.0.2:{port}/mcp", MCP_INIT, MCP_HEADERS) \
+            if kind == "mcp" else (f"http://127.0.0.2:{port}/metrics", None, {})
+        args = (kind, "--host", "127.0.0.2", "--port", str(port), "--runs-dir",
+                str(who.tmp / f"rebind-{kind}-{mode}")) + (("--transport", "http")
+                                                           if kind == "mcp" else ())
+        proc = subprocess.Popen([*who.prefix(), "-c", REBIND_RUNNER, mode, *args],
+                                env=who.environ({"PYTHONPATH": path}), cwd=who.tmp,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            assert _eventually(lambda u=url, b=body, h=headers: _status(u, b, h) == 200, 60)
+            rebound = _status(url, body, {**headers, "Host": f"rebound.example:{port}"})
+            foreign = _status(url, body, {**headers, "Origin": "http://rebound.example"})
+            assert (rebound, foreign) == ((421, 403) if mode == "guarded" else (200, 200))
+        finally:
+            proc.kill()
+            proc.wait()
