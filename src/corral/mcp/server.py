@@ -36,6 +36,7 @@ import mcp_types as types
 from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
@@ -164,6 +165,22 @@ def _error(message: str) -> types.CallToolResult:
                                 is_error=True)
 
 
+def rebinding_guard(host: str) -> TransportSecuritySettings | None:
+    """The SDK's Host and Origin checks for a server on any loopback address (None: off
+    loopback, where the token guards).  The SDK turns them on by itself for 127.0.0.1,
+    localhost and ::1 only: bound to 127.0.0.2, a web page whose name was rebound to it
+    reached the server, which needs no token there."""
+    if not httpauth.is_loopback(host):
+        return None
+    names = ["127.0.0.1", "localhost", "[::1]"]
+    bound = f"[{host}]" if ":" in host else host
+    if bound not in names:
+        names.append(bound)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=[f"{n}:*" for n in names],
+        allowed_origins=[f"http://{n}:*" for n in names])
+
+
 def _listen(host: str, port: int) -> socket.socket:
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
@@ -205,7 +222,8 @@ async def _http(front: Front, sock: socket.socket, token: str | None, idle_s: fl
 
     host, port = sock.getsockname()[:2]
     app: Any = front.mcp.streamable_http_app(
-        host=host, session_idle_timeout=idle_s, max_sessions=max_sessions)
+        host=host, session_idle_timeout=idle_s, max_sessions=max_sessions,
+        transport_security=rebinding_guard(host))
     if token is not None:
         app = httpauth.RequireToken(app, token)
     shown = f"[{host}]" if ":" in host else host
