@@ -20,7 +20,6 @@ would not pass CORRAL_RUNS_DIR either.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -172,7 +171,6 @@ def test_agent_runs_code_through_corral_mcp(who: Identity, lab: Lab, shared_tmp:
         assert "pwn" in (lab.home / ".bashrc").read_text()
         assert (lab.project / "pwned.txt").exists()
         assert canary.connections >= 1
-    shutil.rmtree(bindir)
 
 
 def _claude_needs_tool_search_off(agent: Driver, lab: Lab, port: int) -> None:
