@@ -96,20 +96,24 @@ class Driver:
                          timeout=120)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
-    def ask(self, model: FakeModel, extra: dict[str, str] | None = None) -> None:
-        """The agent, once, against ``model``; the MCP server gets a generous start-up."""
+    def ask(self, model: FakeModel, extra: dict[str, str] | None = None) -> str:
+        """The agent, once, against ``model``; returns its output.  Neither agent waits for
+        its MCP servers before its first request unless told to (a loaded machine starts
+        corral mcp later than that): so told, with a generous start-up allowance."""
         base = f"http://127.0.0.1:{model.port}"
         spec = AGENTS[self.name]
         if self.name == "claude":
             args = ["-p", PROMPT, "--allowedTools", TOOL, "--model", "claude-sonnet-4-5"]
-            env = {**spec.env(base), "MCP_TIMEOUT": "120000"}
+            env = {**spec.env(base), "MCP_CONNECTION_NONBLOCKING": "false",
+                   "MCP_TIMEOUT": "120000"}
         else:
-            args = [*spec.args(base)[:-1], "-c", "mcp_servers.corral.startup_timeout_sec=120",
-                    PROMPT]
+            args = [*spec.args(base)[:-1], "-c", "mcp_servers.corral.required=true",
+                    "-c", "mcp_servers.corral.startup_timeout_sec=120", PROMPT]
             env = spec.env(base)
         r = self.who.run([self.exe, *args], cwd=self.lab.project,
                          env={**self.env, **env, **(extra or {})}, timeout=600)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        return r.stdout[-3000:] + r.stderr[-3000:]
 
 
 def _workspaces(runs: Path) -> list[Path]:
@@ -143,9 +147,9 @@ def test_agent_runs_code_through_corral_mcp(who: Identity, lab: Lab, shared_tmp:
         with FakeModel(_call(lab, canary.port)) as model:
             during: list[Path] = []
             model.on_result = _watch(runs, during)
-            agent.ask(model, extra)
+            out = agent.ask(model, extra)
         assert model.tool_calls == 1 and len(model.tool_results) == 1, \
-            (model.offered, model.tool_results)
+            (model.offered, model.tool_results, out)
         result = model.tool_results[0]
         assert "CODE-RAN" in result and "CWD /work" in result, result
         assert "WROTE" not in result and "REACHED" not in result, result
