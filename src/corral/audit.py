@@ -59,6 +59,7 @@ SETID = stat.S_ISUID | stat.S_ISGID
 BACKUP_CAP = 1 << 20  # bytes of one file copied at launch
 BACKUP_TOTAL = 32 << 20  # bytes of all of them
 AUDIT_CAP = 500_000  # entries walked after the run
+CHUNK = 4096  # entries of one directory held at once: the launcher's memory stays small
 MAX_WATCHED = 4_000  # git directories the live watch follows (like discover.MAX_MASKS)
 
 
@@ -153,10 +154,11 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     backups: dict[str, tuple[bytes, int]] = {}
     with fsops.Tree(top, owner) as tree:
         try:
-            for here, entries in walk(tree, limit=AUDIT_CAP, stats=True):
-                if here and repos.is_git_dir({e.name for e in entries}):
-                    gitdirs.add(tree.path(here))
-                    _keep(tree, here, backups, budget)
+            for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
+                if here and (tree.path(here) in gitdirs or repos.holds_git_dir(tree, here)):
+                    if tree.path(here) not in gitdirs:  # its first part
+                        gitdirs.add(tree.path(here))
+                        _keep(tree, here, backups, budget)
                     entries.clear()
                     continue
                 for e in [e for e in entries if e.name in names or e.name == ".git"]:
@@ -203,6 +205,8 @@ class Auditor:
         self.make_quarantine = quarantine
         self.qtree: fsops.Tree | None = None
         self.actions: list[Action] = []
+        self.here: str | None = None  # the directory the walk is in, and whether it is
+        self.here_is_git = False  # a git directory (each is audited once, not per part)
 
     def run(self) -> list[Action]:
         try:
@@ -222,16 +226,19 @@ class Auditor:
             return
         with tree:
             try:
-                for here, entries in walk(tree, limit=AUDIT_CAP, stats=True):
+                for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
                     self._directory(tree, here, entries)
             except OSError as e:
                 self.actions.append(Action(tree.path(""), "failed",
                                            f"the audit could not finish ({e.strerror})"))
 
     def _directory(self, tree: fsops.Tree, here: str, entries: list[fsops.Entry]) -> None:
-        if here and repos.is_git_dir({e.name for e in entries}):
+        if here != self.here:  # a directory's parts come one after another
+            self.here, self.here_is_git = here, bool(here) and repos.holds_git_dir(tree, here)
+            if self.here_is_git:
+                self._gitdir(tree, here)
+        if self.here_is_git:
             entries.clear()
-            self._gitdir(tree, here)
             return
         keep = []
         for e in entries:
@@ -274,14 +281,14 @@ class Auditor:
                 self._quarantine(tree, rel, "changed during the run, and trusted by tools "
                                  "on the host", restore=True)
             return
-        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True):
+        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
             for sub in entries:
                 if sub.kind != "dir" and self.census.changed(sub.st):
                     self._quarantine(tree, join(here, sub.name), "changed during the run, "
                                      "inside a folder tools on the host trust", restore=True)
 
     def _gitdir(self, tree: fsops.Tree, rel: str) -> None:
-        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True):
+        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
             for e in entries:  # set-id bits inside git directories too
                 if e.kind == "file" and e.st is not None and e.st.st_mode & SETID \
                         and self.census.changed(e.st):

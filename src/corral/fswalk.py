@@ -17,24 +17,30 @@ __all__ = ["COPY_CAP", "move", "remove", "walk"]
 COPY_CAP = 256 << 20  # bytes one move across file systems may copy (then it refuses)
 
 
-def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False
-         ) -> Iterator[tuple[str, list[Entry]]]:
+def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False,
+         chunk: int = 0) -> Iterator[tuple[str, list[Entry]]]:
     """Top-down, like ``os.walk``: (directory, its entries) for ``rel`` and every directory
     beneath.  Remove a directory from the yielded list to stay out of it.  A directory gone
     meanwhile is skipped; one replaced by a link is ``ELOOP``; past ``limit`` entries in
-    all, ``E2BIG``.  ``stats``: see :meth:`Tree.scandir`."""
+    all, ``E2BIG``.  ``stats``: see :meth:`Tree.scandir`.
+
+    With ``chunk``, a directory comes in consecutive parts of at most that many entries
+    (the same directory name each time): the caller's memory stays one part, whatever the
+    payload made, but a check that needs the whole listing must not use it."""
     stack, count = [rel], 0
     while stack:
         here = stack.pop()
         try:
-            entries = tree.scandir(here, stats)
+            parts = tree.scandir_chunks(here, stats, chunk) if chunk else \
+                iter([tree.scandir(here, stats)])
+            for entries in parts:
+                count += len(entries)
+                if count > limit:
+                    raise OSError(errno.E2BIG, f"more than {limit} entries", tree.path(rel))
+                yield here, entries
+                stack += [join(here, e.name) for e in entries if e.kind == "dir"]
         except FileNotFoundError:
             continue
-        count += len(entries)
-        if count > limit:
-            raise OSError(errno.E2BIG, f"more than {limit} entries", tree.path(rel))
-        yield here, entries
-        stack += [join(here, e.name) for e in entries if e.kind == "dir"]
 
 
 def join(rel: str, name: str) -> str:

@@ -76,6 +76,14 @@ def is_git_dir(names: set[str]) -> bool:
     return "HEAD" in names and ("commondir" in names or {"objects", "refs"} <= names)
 
 
+def holds_git_dir(tree: fsops.Tree, rel: str) -> bool:
+    """:func:`is_git_dir` for the directory ``rel``, by its marker names alone (no listing:
+    for walks that see a large directory a part at a time)."""
+    names = {n for n in ("HEAD", "commondir", "objects", "refs")
+             if tree.lstat(f"{rel}/{n}" if rel else n) is not None}
+    return is_git_dir(names)
+
+
 def _control(scope: Scope, tree: fsops.Tree, rel: str, reason: str) -> Finding | None:
     """A read-only finding for the control path ``rel``; refuses what cannot be one."""
     path, name = tree.path(rel), os.path.basename(rel)
