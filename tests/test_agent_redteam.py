@@ -1,0 +1,173 @@
+"""The red-team review of agent mode after issues 10 and 16: the next member of each class.
+
+Each test reproduces one way out that held on main before its fix, as root and as the
+unprivileged user, beside its negative control: the same attempt under the seed's naive
+sandbox succeeds, and the host's own git (or shell) then obeys what was planted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent_lab import Lab, agent, naive
+from conftest import Identity
+
+pytestmark = pytest.mark.sandbox
+
+
+def _host_git(who: Identity, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """git on the host, as the identity under test (root trusts the user's folder, as a
+    root who ran ``git config --global safe.directory '*'`` would)."""
+    return who.run(["git", "-c", "safe.directory=*", *args], cwd=cwd)
+
+
+# --- the audit: a folder the payload locked must not stop it ---------------------------
+
+LOCKED_HOOK = ("git init -q planted && printf '#!/bin/sh\\necho HOOK-RAN\\n' > "
+               "planted/.git/hooks/pre-commit && chmod 755 planted/.git/hooks/pre-commit && "
+               "mkdir -p zz/.git && cp -r planted/.git/. zz/.git/ && "
+               "chmod 111 planted/.git/hooks && mkdir locked && chmod 000 locked; "
+               "echo PLANTED")
+
+
+def test_a_folder_the_payload_locked_cannot_stop_the_audit(who: Identity, lab: Lab) -> None:
+    """``chmod 111 hooks`` keeps the hook runnable for git (search is all exec needs) but
+    made the audit's listing fail with EACCES, which ended the whole audit: the hook, and
+    everything the walk had not reached yet, stayed."""
+    r = agent(who, lab, LOCKED_HOOK)
+    assert "PLANTED" in r.stdout, r
+    for repo in ("planted", "zz"):
+        hooks = lab.project / repo / ".git" / "hooks"
+        subprocess.run(["chmod", "-R", "u+rwx", str(hooks.parent)], check=False)
+        assert not (hooks / "pre-commit").exists(), (repo, r.stderr)
+    assert "quarantined" in r.stderr and "could not finish" not in r.stderr, r.stderr
+    subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("planted", "zz", "locked"))],
+                   check=True)
+    # Control: under the naive sandbox the locked hook stays, and host git runs it.
+    naive(who, lab, LOCKED_HOOK)
+    ran = _host_git(who, lab.project / "planted", "-c", "user.name=u", "-c",
+                    "user.email=u@example.invalid", "commit", "-q", "--allow-empty", "-m", "x")
+    assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    subprocess.run(["chmod", "-R", "u+rwx", str(lab.project)], check=False)
+    subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("planted", "zz", "locked"))],
+                   check=True)
+
+
+# --- the top of a writable tree is a directory git may open as a repository -------------
+
+TOP_PLANT = ("mkdir -p objects refs/heads hooks && echo 'ref: refs/heads/main' > HEAD && "
+             "printf '[core]\\n\\tbare = false\\n\\tworktree = .\\n\\tfsmonitor = "
+             "\"echo FSMONITOR-RAN #\"\\n' > config && "
+             "printf '#!/bin/sh\\necho HOOK-RAN\\n' > hooks/pre-commit && "
+             "chmod 755 hooks/pre-commit; echo PLANTED")
+
+
+def _plain_project(lab: Lab) -> Path:
+    """A project that is not (yet) a git repository."""
+    project = lab.home / "dev" / f"plain-{uuid.uuid4().hex[:8]}"
+    project.mkdir()
+    (project / "main.py").write_text("print('hi')\n")
+    lab.own(project)
+    return project
+
+
+def test_a_repository_planted_at_the_projects_top_is_audited(who: Identity, lab: Lab
+                                                             ) -> None:
+    """git opens a folder without ``.git`` as a repository of its own when it holds
+    ``HEAD``, ``objects/`` and ``refs/``; ``core.worktree`` then gives it a work tree and
+    ``core.fsmonitor`` runs on the next ``git status`` (a shell prompt).  The scan and the
+    audit looked for such repositories everywhere but at the top of the tree."""
+    project = _plain_project(lab)
+    r = agent(who, lab, TOP_PLANT, cwd=project)
+    assert "PLANTED" in r.stdout, r
+    seen = _host_git(who, project, "config", "--get", "core.fsmonitor")
+    assert "FSMONITOR" not in seen.stdout, r.stderr
+    assert not (project / "hooks" / "pre-commit").exists(), r.stderr
+    assert "quarantined" in r.stderr, r.stderr
+    # Control: the naive sandbox plants the same, and host git obeys it.
+    shutil.rmtree(project)
+    project = _plain_project(lab)
+    naive(who, lab, TOP_PLANT, cwd=project)
+    seen = _host_git(who, project, "config", "--get", "core.fsmonitor")
+    assert "FSMONITOR-RAN" in seen.stdout, seen
+    top = _host_git(who, project, "rev-parse", "--absolute-git-dir")
+    assert top.stdout.strip() == str(project), top
+
+
+# --- what the host runs from the home directory, kept in the project ---------------------
+
+def test_home_files_that_link_into_the_project_stay_read_only(who: Identity, lab: Lab
+                                                              ) -> None:
+    """Dotfile managers (stow, rcm, dotbot, yadm's alt links) make ``~/.gitconfig`` and
+    ``~/.bashrc`` links into a dotfiles repository.  An agent working on that repository
+    wrote the user's global git config (``core.fsmonitor``, ``core.pager``) and shell
+    start-up file through the project: corral said both were read-only."""
+    project = lab.project
+    (project / "gitconfig").write_text("[user]\n\tname = Dot Files\n")
+    (project / "bashrc").write_text("# rc\n")
+    lab.own(project)
+    gitconfig, bashrc = lab.home / ".gitconfig", lab.home / ".bashrc"
+    bashrc.unlink()
+    gitconfig.symlink_to(project / "gitconfig")
+    bashrc.symlink_to(project / "bashrc")
+    lab.own(gitconfig, bashrc)
+    script = ("(printf '[core]\\n\\tfsmonitor = \"echo FSMONITOR-RAN #\"\\n' >> gitconfig) "
+              "2>/dev/null && echo WROTE-GIT; (echo 'echo RC-RAN' >> bashrc) 2>/dev/null && "
+              "echo WROTE-RC; echo DONE")
+    try:
+        r = agent(who, lab, script)
+        assert "DONE" in r.stdout and "WROTE" not in r.stdout, r
+        env = {"HOME": str(lab.home)}
+        seen = who.run(["git", "config", "--global", "--get", "core.fsmonitor"], env=env)
+        assert "FSMONITOR" not in seen.stdout
+        # Control: the naive sandbox writes both, and host git obeys the global config.
+        ctl = naive(who, lab, script)
+        assert "WROTE-GIT" in ctl.stdout and "WROTE-RC" in ctl.stdout, ctl
+        seen = who.run(["git", "config", "--global", "--get", "core.fsmonitor"], env=env)
+        assert "FSMONITOR-RAN" in seen.stdout, seen
+    finally:
+        gitconfig.unlink(missing_ok=True)
+        bashrc.unlink(missing_ok=True)
+        bashrc.write_text("# rc\n")
+        lab.own(bashrc)
+
+
+def test_gits_own_files_stay_read_only_when_the_project_holds_them(who: Identity, lab: Lab
+                                                                   ) -> None:
+    """Launched from ``~/.config`` (a dotfiles repository kept there), the profile's
+    read-only ``~/.config/git/config`` was skipped as "inside a writable tree" and never
+    re-mounted: the agent wrote the user's global git config."""
+    gitdir = lab.home / ".config" / "git"
+    gitdir.mkdir(parents=True, exist_ok=True)
+    (gitdir / "config").write_text("[user]\n\tname = Config\n")
+    lab.own(lab.home / ".config")
+    project = lab.home / ".config"
+    script = ("(printf '[core]\\n\\tpager = \"echo PAGER-RAN #\"\\n' >> git/config) "
+              "2>/dev/null && echo WROTE; echo DONE")
+    try:
+        r = agent(who, lab, script, cwd=project)
+        assert "DONE" in r.stdout and "WROTE" not in r.stdout, r
+        ctl = naive(who, lab, script, cwd=project)
+        assert "WROTE" in ctl.stdout, ctl
+        seen = who.run(["git", "config", "--global", "--get", "core.pager"],
+                       env={"HOME": str(lab.home)})
+        assert "PAGER-RAN" in seen.stdout, seen
+    finally:
+        shutil.rmtree(gitdir, ignore_errors=True)
+
+
+def test_a_git_directory_is_not_needed_for_the_top_check(who: Identity, lab: Lab) -> None:
+    """Negative space for the top-of-tree check: an ordinary project whose top holds a file
+    named HEAD (and folders named objects and refs) but no valid HEAD still runs."""
+    project = _plain_project(lab)
+    (project / "objects").mkdir()
+    (project / "refs").mkdir()
+    (project / "HEAD").write_text("not a ref\n")
+    lab.own(project)
+    r = agent(who, lab, "echo RAN", cwd=project)
+    assert r.returncode == 0 and "RAN" in r.stdout, r
