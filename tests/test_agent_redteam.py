@@ -171,3 +171,27 @@ def test_a_git_directory_is_not_needed_for_the_top_check(who: Identity, lab: Lab
     lab.own(project)
     r = agent(who, lab, "echo RAN", cwd=project)
     assert r.returncode == 0 and "RAN" in r.stdout, r
+
+
+DISGUISE = ("mkdir -p src/objects src/refs && echo 'ref: refs/heads/main' > src/HEAD && "
+            "git init -q src/lib && printf '#!/bin/sh\\necho HOOK-RAN\\n' > "
+            "src/lib/.git/hooks/pre-commit && chmod 755 src/lib/.git/hooks/pre-commit && "
+            "echo 'echo ENVRC-RAN' > src/.envrc; echo PLANTED")
+
+
+def test_a_folder_that_looks_like_a_repository_hides_nothing_from_the_audit(
+        who: Identity, lab: Lab) -> None:
+    """Three names (``HEAD``, ``objects/``, ``refs/``) made ``src/`` a bare repository to
+    the audit, which then looked only at git's control files there and never beneath:
+    a new repository with a hook in ``src/lib`` and a ``src/.envrc`` stayed."""
+    r = agent(who, lab, DISGUISE)
+    assert "PLANTED" in r.stdout, r
+    assert not (lab.project / "src" / "lib" / ".git" / "hooks" / "pre-commit").exists(), r
+    assert not (lab.project / "src" / ".envrc").exists(), r.stderr
+    shutil.rmtree(lab.project / "src")
+    # Control: planted by the naive sandbox, host git in src/lib runs the hook.
+    naive(who, lab, DISGUISE)
+    ran = _host_git(who, lab.project / "src" / "lib", "-c", "user.name=u", "-c",
+                    "user.email=u@example.invalid", "commit", "-q", "--allow-empty", "-m", "x")
+    assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    shutil.rmtree(lab.project / "src")

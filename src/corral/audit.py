@@ -203,12 +203,15 @@ class Auditor:
         self.make_quarantine = quarantine
         self.qtree: fsops.Tree | None = None
         self.actions: list[Action] = []
+        self.errors: list[OSError] = []  # folders no walk could list, even unlocked
 
     def run(self) -> list[Action]:
         try:
             for top, owner in self.census.trees:
                 self._tree(top, owner)
             self._placeholders()
+            self.actions += [Action(e.filename or "?", "failed", "the audit could not look "
+                                    f"inside it ({e.strerror})") for e in self.errors]
         finally:
             if self.qtree is not None:
                 self.qtree.close()
@@ -222,17 +225,24 @@ class Auditor:
             return
         with tree:
             try:
-                for here, entries in walk(tree, limit=AUDIT_CAP, stats=True):
+                for here, entries in self._walk(tree, ""):
                     self._directory(tree, here, entries)
             except OSError as e:
                 self.actions.append(Action(tree.path(""), "failed",
                                            f"the audit could not finish ({e.strerror})"))
 
+    def _walk(self, tree: fsops.Tree, rel: str) -> Iterator[tuple[str, list[fsops.Entry]]]:
+        """Every folder beneath ``rel``: one the payload locked is unlocked (it is the
+        owner's), one that cannot be listed even so is reported, and the rest is walked."""
+        return walk(tree, rel, limit=AUDIT_CAP, stats=True, errors=self.errors)
+
     def _directory(self, tree: fsops.Tree, here: str, entries: list[fsops.Entry]) -> None:
-        if here and repos.is_git_dir({e.name for e in entries}):
-            entries.clear()
-            self._gitdir(tree, here)
-            return
+        if repos.is_git_dir({e.name for e in entries}) and (here or repos.valid_head(tree, "")):
+            # A bare repository (the tree's top too, when its HEAD is one git takes): its
+            # controls, and then its folders like any other, since a folder that merely
+            # looks like a repository must not hide what lies beneath it.
+            self._gitdir(tree, here or ".", setid=False)  # the walk goes on into it
+            entries[:] = [e for e in entries if e.name not in repos.NESTED]
         keep = []
         for e in entries:
             rel = join(here, e.name)
@@ -274,14 +284,14 @@ class Auditor:
                 self._quarantine(tree, rel, "changed during the run, and trusted by tools "
                                  "on the host", restore=True)
             return
-        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True):
+        for here, entries in self._walk(tree, rel):
             for sub in entries:
                 if sub.kind != "dir" and self.census.changed(sub.st):
                     self._quarantine(tree, join(here, sub.name), "changed during the run, "
                                      "inside a folder tools on the host trust", restore=True)
 
-    def _gitdir(self, tree: fsops.Tree, rel: str) -> None:
-        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True):
+    def _gitdir(self, tree: fsops.Tree, rel: str, setid: bool = True) -> None:
+        for here, entries in self._walk(tree, rel) if setid else ():
             for e in entries:  # set-id bits inside git directories too
                 if e.kind == "file" and e.st is not None and e.st.st_mode & SETID \
                         and self.census.changed(e.st):
@@ -304,7 +314,7 @@ class Auditor:
         for nested in ("modules", "worktrees"):
             if tree.lstat(f"{rel}/{nested}") is None:
                 continue
-            for here, entries in walk(tree, f"{rel}/{nested}", limit=AUDIT_CAP):
+            for here, entries in self._walk(tree, f"{rel}/{nested}"):
                 names = {e.name for e in entries}
                 if "HEAD" in names and ("config" in names or repos.is_git_dir(names)):
                     entries.clear()
@@ -364,11 +374,13 @@ def _controls(tree: fsops.Tree, gitdir: str) -> Iterator[tuple[str, str]]:
     yield "commondir", "file"
     if tree.lstat(f"{gitdir}/hooks") is not None:
         try:
-            for e in tree.scandir(f"{gitdir}/hooks"):
-                if not e.name.endswith(".sample") or e.kind != "file":
-                    yield f"hooks/{e.name}", "hook"
-        except NotADirectoryError:
+            names = tree.scandir(f"{gitdir}/hooks")
+        except OSError:  # a link, a file, or a folder no one can list: all of it goes
             yield "hooks", "hook"
+            return
+        for e in names:
+            if not e.name.endswith(".sample") or e.kind != "file":
+                yield f"hooks/{e.name}", "hook"
 
 
 def _inert_key(name: str, value: str | None) -> bool:

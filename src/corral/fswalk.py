@@ -17,24 +17,44 @@ __all__ = ["COPY_CAP", "move", "remove", "walk"]
 COPY_CAP = 256 << 20  # bytes one move across file systems may copy (then it refuses)
 
 
-def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False
-         ) -> Iterator[tuple[str, list[Entry]]]:
+def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False,
+         errors: list[OSError] | None = None) -> Iterator[tuple[str, list[Entry]]]:
     """Top-down, like ``os.walk``: (directory, its entries) for ``rel`` and every directory
     beneath.  Remove a directory from the yielded list to stay out of it.  A directory gone
     meanwhile is skipped; one replaced by a link is ``ELOOP``; past ``limit`` entries in
-    all, ``E2BIG``.  ``stats``: see :meth:`Tree.scandir`."""
+    all, ``E2BIG``.  ``stats``: see :meth:`Tree.scandir`.
+
+    With ``errors`` (the audit's way), a directory the payload locked is given its owner's
+    rights back and listed; one that still cannot be listed is appended to ``errors`` and
+    the walk goes on with the rest: one locked folder must not hide every other one."""
     stack, count = [rel], 0
     while stack:
         here = stack.pop()
         try:
-            entries = tree.scandir(here, stats)
+            entries = _list(tree, here, stats, errors is not None)
         except FileNotFoundError:
+            continue
+        except OSError as e:
+            if errors is None or e.errno == errno.E2BIG:
+                raise
+            e.filename = e.filename or tree.path(here)
+            errors.append(e)
             continue
         count += len(entries)
         if count > limit:
             raise OSError(errno.E2BIG, f"more than {limit} entries", tree.path(rel))
         yield here, entries
         stack += [join(here, e.name) for e in entries if e.kind == "dir"]
+
+
+def _list(tree: Tree, here: str, stats: bool, unlock: bool) -> list[Entry]:
+    try:
+        return tree.scandir(here, stats)
+    except PermissionError:
+        if not unlock:
+            raise
+    tree.grant(here, 0o700)
+    return tree.scandir(here, stats)
 
 
 def join(rel: str, name: str) -> str:

@@ -253,7 +253,7 @@ def _listed_read_only(policy: Policy, home: str, writable: Sequence[Entry]) -> l
     """Read-only paths the profile lists inside writable trees (an agent's own settings,
     whose hooks and commands run later, outside corral): re-mounted after the trees."""
     found = []
-    for raw in policy.read_only:
+    for raw in (*BASE_READ_ONLY, *policy.read_only):  # git's own files too (~/.config)
         path = _expand(raw, home)
         inside = any(_under(path, e.path) and path != e.path for e in writable)
         if inside and os.path.lexists(path):
@@ -388,6 +388,7 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
         for tree in roots.trees:
             findings += discover.scan(tree, scope, policy.allow_secrets, policy.protect)
         findings += _listed_read_only(policy, home, writable)
+        findings += discover.home_links(scope, home)
         findings = discover.with_parents(findings, scope)
         expected = []
         for tree in roots.trees:  # each finding is checked from its nearest tree
