@@ -195,3 +195,25 @@ def test_a_folder_that_looks_like_a_repository_hides_nothing_from_the_audit(
                     "user.email=u@example.invalid", "commit", "-q", "--allow-empty", "-m", "x")
     assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
     shutil.rmtree(lab.project / "src")
+
+
+# --- corral's copies of the agents' state, and their logins ----------------------------
+
+def test_a_project_holding_corrals_state_copies_is_refused(who: Identity, lab: Lab) -> None:
+    """corral copies each agent's login into ``~/.local/state/corral/agents/<profile>/``.
+    Launched from ``~/.local`` (or anywhere above or inside that store), another agent
+    profile read Claude's login there, and could rewrite the copy Claude runs inside."""
+    creds = lab.home / ".local/state/corral/agents/claude/.claude/.credentials.json"
+    creds.parent.mkdir(parents=True)
+    creds.write_text(lab.token)
+    lab.own(lab.home / ".local")
+    script = f"cat {creds}; echo; echo DONE"
+    for cwd in (lab.home / ".local", creds.parent):
+        r = agent(who, lab, script, cwd=cwd)
+        assert lab.token not in r.stdout, (cwd, r)
+        assert r.returncode == 125 and "corral's copies" in r.stderr, (cwd, r)
+    # Control: from the project itself, the same agent runs (and sees no login).
+    ok = agent(who, lab, script)
+    assert ok.returncode == 0 and "DONE" in ok.stdout and lab.token not in ok.stdout, ok
+    ctl = naive(who, lab, script, cwd=lab.home / ".local")
+    assert lab.token in ctl.stdout
