@@ -217,3 +217,42 @@ def test_a_project_holding_corrals_state_copies_is_refused(who: Identity, lab: L
     assert ok.returncode == 0 and "DONE" in ok.stdout and lab.token not in ok.stdout, ok
     ctl = naive(who, lab, script, cwd=lab.home / ".local")
     assert lab.token in ctl.stdout
+
+
+# --- the audit after corral itself was SIGKILLed ---------------------------------------
+
+KILLED_PLANT = ("git init -q planted && printf '#!/bin/sh\\necho HOOK-RAN\\n' > "
+                "planted/.git/hooks/pre-commit && chmod 755 planted/.git/hooks/pre-commit && "
+                "echo PLANTED && sleep 60")
+
+
+def _killed_run(who: Identity, lab: Lab) -> None:
+    proc = subprocess.Popen([*who.prefix(), "-m", "corral", "agent", "--", "/bin/sh", "-c",
+                             KILLED_PLANT], cwd=lab.project, env=who.environ(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "PLANTED"
+    proc.kill()  # no unwinding, no audit
+    proc.communicate(timeout=120)
+
+
+def test_a_run_whose_corral_was_killed_is_audited_at_the_next_launch(who: Identity,
+                                                                      lab: Lab) -> None:
+    """SIGKILL of corral skips the audit (declared): the next launch in the same runs
+    directory audits what that run left, before its own scan takes it in."""
+    hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
+    _killed_run(who, lab)
+    assert hook.exists()  # the control: killed outright, nothing was audited
+    nxt = agent(who, lab, "echo NEXT")
+    assert nxt.returncode == 0 and "NEXT" in nxt.stdout, nxt
+    assert not hook.exists(), nxt.stderr
+    assert "killed before its audit" in nxt.stderr, nxt.stderr
+    again = agent(who, lab, "echo AGAIN")  # audited once: nothing more to say
+    assert "killed before its audit" not in again.stderr, again.stderr
+    # Control: a launch with another runs directory knows nothing of the killed run.
+    subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+    _killed_run(who, lab)
+    other = who.corral("agent", "--", "/bin/true", cwd=lab.project,
+                       env={"CORRAL_RUNS_DIR": str(who.tmp / "other-runs")})
+    assert other.returncode == 0 and hook.exists(), other
+    subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)

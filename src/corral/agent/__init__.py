@@ -328,6 +328,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     search = os.environ.get("PATH", os.defpath)
     found = interp.which_command(argv, search, base_dir=project)
     writable = _writable(policy, home, project)
+    state.check_apart(home, [e.path for e in writable])
     dirs = state.plan(policy, home, [e.path for e in writable])
     _check_state_alone(dirs, [*(e.path for e in writable),
                               *(_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only))])
