@@ -256,3 +256,82 @@ def test_a_run_whose_corral_was_killed_is_audited_at_the_next_launch(who: Identi
                        env={"CORRAL_RUNS_DIR": str(who.tmp / "other-runs")})
     assert other.returncode == 0 and hook.exists(), other
     subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+
+
+# --- git's global settings, wherever the user keeps them ---------------------------------
+
+def _commit(who: Identity, cwd: Path, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    return who.run(["git", "-c", "safe.directory=*", "-c", "user.name=u", "-c",
+                    "user.email=u@example.invalid", "commit", "-q", "--allow-empty", "-m", "x"],
+                   cwd=cwd, env=env)
+
+
+def test_a_global_relative_hooks_path_counts_for_new_repositories(who: Identity, lab: Lab
+                                                                  ) -> None:
+    """``core.hooksPath = .hooks`` in ``~/.gitconfig`` makes every repository's
+    ``.hooks/`` its hook folder.  The audit quarantined a new repository's ``.git/hooks``
+    but not the folder git would really run hooks from."""
+    (lab.home / ".gitconfig").write_text("[core]\n\thooksPath = .hooks\n")
+    lab.own(lab.home / ".gitconfig")
+    script = ("git init -q fresh && mkdir fresh/.hooks && printf '#!/bin/sh\\necho HOOK-RAN\\n'"
+              " > fresh/.hooks/pre-commit && chmod 755 fresh/.hooks/pre-commit; echo PLANTED")
+    env = {"HOME": str(lab.home)}
+    try:
+        r = agent(who, lab, script)
+        assert "PLANTED" in r.stdout, r
+        ran = _commit(who, lab.project / "fresh", env)
+        assert "HOOK-RAN" not in ran.stdout + ran.stderr, (ran, r.stderr)
+        shutil.rmtree(lab.project / "fresh")
+        naive(who, lab, script)  # control: host git runs the hook the naive sandbox planted
+        ran = _commit(who, lab.project / "fresh", env)
+        assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    finally:
+        (lab.home / ".gitconfig").unlink(missing_ok=True)
+        shutil.rmtree(lab.project / "fresh", ignore_errors=True)
+
+
+def test_git_config_global_in_the_project_stays_read_only(who: Identity, lab: Lab) -> None:
+    """``GIT_CONFIG_GLOBAL`` (and ``XDG_CONFIG_HOME``) tell git where the global config is;
+    set to a dotfiles project's file, that file is the user's global config."""
+    (lab.project / "gitconfig").write_text("[user]\n\tname = Dot Files\n")
+    lab.own(lab.project)
+    script = ("(printf '[core]\\n\\tpager = \"echo PAGER-RAN #\"\\n' >> gitconfig) 2>/dev/null "
+              "&& echo WROTE; echo DONE")
+    env = {"GIT_CONFIG_GLOBAL": str(lab.project / "gitconfig")}
+    r = agent(who, lab, script, env=env)
+    assert "DONE" in r.stdout and "WROTE" not in r.stdout, r
+    ctl = naive(who, lab, script)
+    assert "WROTE" in ctl.stdout, ctl
+    seen = who.run(["git", "config", "--global", "--get", "core.pager"], env=env)
+    assert "PAGER-RAN" in seen.stdout, seen
+
+
+# --- project configuration that host programs run without asking ------------------------
+
+HOST_RUN = [".helix/languages.toml", ".devcontainer/devcontainer.json", ".zed/settings.json",
+            ".nvim.lua", ".exrc", ".dir-locals.el", ".windsurf/mcp.json", ".roo/mcp.json",
+            "opencode.json"]
+
+
+def test_editor_and_container_settings_that_run_programs_are_protected(who: Identity,
+                                                                      lab: Lab) -> None:
+    """Helix starts the language servers ``.helix/languages.toml`` names when a file of
+    the project is opened; VS Code runs ``initializeCommand`` of ``.devcontainer`` on the
+    host; Zed, Neovim's ``exrc``, Emacs' directory locals and other agents' MCP files name
+    programs too.  None was protected, at launch or by the audit."""
+    for n in HOST_RUN:
+        (lab.project / n).parent.mkdir(parents=True, exist_ok=True)
+        (lab.project / n).write_text("orig\n")
+    lab.own(lab.project)
+    script = "; ".join(f"(echo pwn >> {n}) 2>/dev/null && echo WROTE {n}" for n in HOST_RUN)
+    script += "; mkdir -p sub/.helix && echo new > sub/.helix/languages.toml; " \
+              "echo new > sub/.devcontainer.json; true"
+    r = agent(who, lab, script)
+    assert r.returncode == 0 and "WROTE" not in r.stdout, r.stdout
+    assert all((lab.project / n).read_text() == "orig\n" for n in HOST_RUN)
+    assert not (lab.project / "sub" / ".helix").exists(), r.stderr
+    assert not (lab.project / "sub" / ".devcontainer.json").exists(), r.stderr
+    shutil.rmtree(lab.project / "sub", ignore_errors=True)
+    ctl = naive(who, lab, script)
+    assert all(f"WROTE {n}" in ctl.stdout for n in HOST_RUN), ctl.stdout
