@@ -91,6 +91,7 @@ class Census:
     linked: frozenset[str] = frozenset()  # submodule and worktree git directories
     protected: frozenset[str] = frozenset()  # paths with protected names
     placeholders: tuple[tuple[str, int, int], ...] = ()  # (path, dev, ino)
+    hook_folders: tuple[str, ...] = ()  # relative core.hooksPath every repository gets
     backups: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # path: data, mode
     started_ns: int = field(default_factory=time.time_ns)
 
@@ -128,7 +129,8 @@ def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
 
 
 def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
-                       findings: Sequence[Finding], names: frozenset[str]) -> Census:
+                       findings: Sequence[Finding], names: frozenset[str],
+                       hook_folders: tuple[str, ...] = ()) -> Census:
     """Agent mode: the scan has found everything (and all of it is read-only inside)."""
     placeholders = []
     for f in findings:
@@ -144,7 +146,7 @@ def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
         linked=frozenset(f.path for f in findings if f.reason == repos.LINKED),
         protected=frozenset(f.path for f in findings if os.path.basename(f.path) in names
                             or os.path.basename(f.path) == ".git"),
-        placeholders=tuple(placeholders))
+        placeholders=tuple(placeholders), hook_folders=hook_folders)
 
 
 def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str]) -> Census:
@@ -311,6 +313,8 @@ class Auditor:
             elif (name == "commondir" and main) or self.census.changed(st):
                 self._quarantine(tree, sub, "changed during the run: git would run or obey "
                                  "it on the host", restore=True)
+        if new:
+            self._work_tree_hooks(tree, rel)
         for nested in ("modules", "worktrees"):
             if tree.lstat(f"{rel}/{nested}") is None:
                 continue
@@ -319,6 +323,24 @@ class Auditor:
                 if "HEAD" in names and ("config" in names or repos.is_git_dir(names)):
                     entries.clear()
                     self._gitdir(tree, here)
+
+    def _work_tree_hooks(self, tree: fsops.Tree, gitdir: str) -> None:
+        """A new repository's hooks in the folder the global ``core.hooksPath`` names,
+        relative to its work tree (the git directory itself when bare)."""
+        base = os.path.dirname(gitdir) if os.path.basename(gitdir) == ".git" else gitdir
+        for folder in self.census.hook_folders:
+            rel = os.path.normpath(join(base, folder))
+            try:
+                if tree.lstat(rel) is None:
+                    continue
+                names = [e.name for e in tree.scandir(rel)
+                         if not e.name.endswith(".sample") or e.kind != "file"]
+            except OSError:  # a link, a file, a folder beyond the tree: all of it goes
+                names = [""]
+            for name in names:
+                self._quarantine(tree, join(rel, name) if name else rel, "a hook of a "
+                                 "repository made during the run, where the global "
+                                 "core.hooksPath points git")
 
     def _inert(self, tree: fsops.Tree, rel: str) -> bool:
         try:

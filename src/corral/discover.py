@@ -56,6 +56,13 @@ PROTECTED_NAMES = frozenset({
     ".husky", ".githooks", ".git-hooks", ".pre-commit-config.yaml", ".pre-commit-hooks.yaml",
     "lefthook.yml", "lefthook.yaml", ".lefthook.yml", ".lefthook.yaml", "lefthook-local.yml",
     ".overcommit.yml",
+    # editors and tools that start what a project's settings name when it is opened:
+    # Helix's language servers, VS Code's devcontainer initializeCommand (run on the host),
+    # Zed, Neovim's and Vim's exrc, Emacs' directory locals
+    ".helix", ".devcontainer", ".devcontainer.json", ".zed", ".nvim.lua", ".nvimrc", ".exrc",
+    ".lazy.lua", ".dir-locals.el", ".dir-locals-2.el",
+    # other agents' project settings and MCP servers
+    ".windsurf", ".kiro", ".roo", ".amazonq", ".opencode", "opencode.json", "opencode.jsonc",
 })
 # Secret-looking names, hidden (an empty read-only file or folder) unless allowed.
 SECRET_GLOBS = (".env", ".env.*", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",

@@ -49,7 +49,7 @@ def _to_json(census: Census) -> dict[str, Any]:
             "names": sorted(census.names), "gitdirs": sorted(census.gitdirs),
             "linked": sorted(census.linked), "protected": sorted(census.protected),
             "placeholders": [list(p) for p in census.placeholders],
-            "started_ns": census.started_ns}
+            "hook_folders": list(census.hook_folders), "started_ns": census.started_ns}
 
 
 def _from_json(data: dict[str, Any]) -> Census:
@@ -60,6 +60,7 @@ def _from_json(data: dict[str, Any]) -> Census:
                   protected=frozenset(map(str, data["protected"])),
                   placeholders=tuple((str(p), int(d), int(i))
                                      for p, d, i in data["placeholders"]),
+                  hook_folders=tuple(map(str, data.get("hook_folders", ()))),
                   started_ns=int(data["started_ns"]))
 
 

@@ -45,7 +45,8 @@ from .guard import Finding
 from .locate import Landing, Roots, land
 
 __all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "gather", "git_findings", "gitfile_target",
-           "global_config", "is_git_dir", "protect", "valid_head"]
+           "global_config", "global_paths", "hook_folders", "is_git_dir", "protect",
+           "valid_head"]
 
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
 CREATED = ("hooks", "modules", "worktrees")  # made to exist, so that they can be read-only
@@ -281,7 +282,7 @@ def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], lis
     repository (see :func:`git_findings`)."""
     entries: list[tuple[str, str | None]] = []
     found: list[Finding] = []
-    for raw in GLOBAL_CONFIGS:
+    for raw in global_paths():
         path = gitconfig.expand(raw, scope.home)
         if path is not None:
             # The file itself, when it lands in a writable tree (launched from ~/.config,
@@ -292,6 +293,28 @@ def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], lis
             entries += more
             found += named
     return tuple(entries), found
+
+
+def global_paths() -> list[str]:
+    """git's global config files: the usual ones, and those the launcher's environment
+    names instead (``GIT_CONFIG_GLOBAL``, ``GIT_CONFIG_SYSTEM``, ``XDG_CONFIG_HOME``: the
+    user's git on the host reads them); all are read, to protect more, never less."""
+    env, paths = os.environ, list(GLOBAL_CONFIGS)
+    for name in ("GIT_CONFIG_SYSTEM", "GIT_CONFIG_GLOBAL"):
+        if env.get(name):
+            paths.append(os.path.abspath(env[name]))
+    if env.get("XDG_CONFIG_HOME"):
+        paths.append(os.path.join(os.path.abspath(env["XDG_CONFIG_HOME"]), "git", "config"))
+    return paths
+
+
+def hook_folders(entries: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
+    """The relative ``core.hooksPath`` of the global config (the last one wins): git
+    takes it relative to each repository's work tree, new ones too."""
+    values = [v for n, v in entries if n == "core.hookspath" and v]
+    if not values or values[-1].startswith(("/", "~")):
+        return ()
+    return (values[-1],)
 
 
 def gitfile_target(tree: fsops.Tree, rel: str) -> str | None:
