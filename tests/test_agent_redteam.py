@@ -335,3 +335,29 @@ def test_editor_and_container_settings_that_run_programs_are_protected(who: Iden
     shutil.rmtree(lab.project / "sub", ignore_errors=True)
     ctl = naive(who, lab, script)
     assert all(f"WROTE {n}" in ctl.stdout for n in HOST_RUN), ctl.stdout
+
+
+LINKED_HOOKS = ("git init -q linked && mkdir elsewhere && printf '#!/bin/sh\\necho HOOK-RAN\\n' "
+                "> elsewhere/pre-commit && chmod 755 elsewhere/pre-commit && "
+                "rm -rf linked/.git/hooks && ln -s ../../elsewhere linked/.git/hooks && "
+                "git init -q zz && printf '#!/bin/sh\\necho HOOK-RAN\\n' > "
+                "zz/.git/hooks/pre-commit && chmod 755 zz/.git/hooks/pre-commit; echo PLANTED")
+
+
+def test_a_linked_hooks_folder_cannot_stop_the_audit(who: Identity, lab: Lab) -> None:
+    """A new repository whose ``hooks`` is a link git follows.  This one held on main
+    (listing the link fails with ENOTDIR, which the audit expected); kept so that the
+    audit's walk past what it cannot list never regresses on it."""
+    r = agent(who, lab, LINKED_HOOKS)
+    assert "PLANTED" in r.stdout, r
+    for repo in ("linked", "zz"):
+        ran = _commit(who, lab.project / repo)
+        assert "HOOK-RAN" not in ran.stdout + ran.stderr, (repo, r.stderr)
+    assert "could not finish" not in r.stderr, r.stderr
+    subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("linked", "zz", "elsewhere"))],
+                   check=True)
+    naive(who, lab, LINKED_HOOKS)  # control: host git follows the link to the hook
+    ran = _commit(who, lab.project / "linked")
+    assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("linked", "zz", "elsewhere"))],
+                   check=True)
