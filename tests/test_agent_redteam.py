@@ -361,3 +361,21 @@ def test_a_linked_hooks_folder_cannot_stop_the_audit(who: Identity, lab: Lab) ->
     assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
     subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("linked", "zz", "elsewhere"))],
                    check=True)
+
+
+def test_a_secret_a_home_file_links_to_stays_hidden(who: Identity, lab: Lab) -> None:
+    """``~/.npmrc -> project/.npmrc``: the secret is hidden (empty) and the home link makes
+    it read-only too; the read-only bind must never land on top of the mask."""
+    (lab.project / ".npmrc").write_text(f"//registry.example.invalid/:_authToken={lab.token}\n")
+    lab.own(lab.project)
+    link = lab.home / ".npmrc"
+    link.symlink_to(lab.project / ".npmrc")
+    lab.own(link)
+    script = "cat .npmrc; (echo x >> .npmrc) 2>/dev/null && echo WROTE; echo DONE"
+    try:
+        r = agent(who, lab, script)
+        assert "DONE" in r.stdout and lab.token not in r.stdout and "WROTE" not in r.stdout, r
+        ctl = naive(who, lab, script)
+        assert lab.token in ctl.stdout
+    finally:
+        link.unlink()

@@ -240,7 +240,10 @@ def with_parents(findings: Sequence[Finding], scope: repos.Scope) -> list[Findin
     between a writable tree's top and each of them, outside read-only ones.  Raises when
     that needs more than MAX_MASKS mounts."""
     out: dict[tuple[str, str], Finding] = {}
+    hidden = {f.path for f in findings if f.action == "hide"}
     for f in findings:
+        if f.action == "protect" and f.path in hidden:
+            continue  # hidden is read-only already; a second bind would undo the mask
         out.setdefault((f.path, f.action), f)
     paths = {f.path for f in out.values()}
     read_only = [f.path for f in out.values() if f.action == "protect" and f.kind == "dir"]
