@@ -43,6 +43,7 @@ bench: setup
 	$(BIN)/python bench/egress.py --write
 	$(BIN)/python bench/seccomp.py
 	$(BIN)/python bench/probe.py
+	$(BIN)/python bench/disk.py --write
 	$(BIN)/python bench/scale.py --write
 
 clean:

@@ -198,12 +198,17 @@ def machine() -> str:
             f"Python {platform.python_version()}, uid {os.geteuid()}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def options(doc: str) -> argparse.Namespace:
+    """``--runs N`` and ``--write``, for the benchmarks that replace their own section."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--write", action="store_true",
                         help="replace this script's section of bench/RESULTS.md")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = options(__doc__)
     corral_cli = str(Path(sys.executable).with_name("corral"))
     limited = Policy(limits=Limits(memory_bytes=512 * MiB, pids=64))
     facts = host.detect()

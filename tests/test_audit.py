@@ -204,3 +204,40 @@ def test_quarantine_across_file_systems_copies_then_removes(who: Identity) -> No
         subprocess.run(["rm", "-rf", str(shm)], check=True)
     assert r == {"gone": True, "copied": "content", "link": "/etc/passwd", "fifo": 18,
                  "fifo_left": True}, r
+
+
+def test_a_directory_too_big_for_one_part_is_audited_whole(who: Identity) -> None:
+    """The audit reads a directory a part (audit.CHUNK entries) at a time, so that a payload's
+    million names cannot grow the launcher (test_disk's hard-link flood measures that); a
+    bare repository split across parts, a set-id file and a planted .envrc are still found.
+    Parts of two entries here, so that no part can hold all of a repository's markers."""
+    r = as_identity(who, f"""
+        from corral import fsops, repos
+        audit.CHUNK = 2
+        top = {str(who.tmp)!r} + "/big"
+        os.mkdir(top)
+        q = os.path.join({str(who.tmp)!r}, "quarantine-big"); os.mkdir(q)
+        census = audit.Census(((top, None),), audit.protected_names())
+        later()
+        git(top, "init", "-q", "--bare", "padded.git")
+        for i in range(20):
+            open(os.path.join(top, f"pad-{{i:02}}"), "w").close()
+        with open(os.path.join(top, "padded.git/hooks/post-receive"), "w") as f:
+            f.write("#!/bin/sh\\n")
+        with open(os.path.join(top, ".envrc"), "w") as f:
+            f.write("x\\n")
+        os.chmod(os.path.join(top, "pad-07"), 0o4755)
+        with fsops.Tree(top) as tree:  # the control: split, no part looks like a repository
+            split = not any(repos.is_git_dir({{e.name for e in part}})
+                            for part in tree.scandir_chunks("padded.git", size=2))
+        actions = audit.Auditor(census, lambda: q).run()
+        print(json.dumps({{"split": split, "did": sorted((os.path.relpath(a.path, top), a.did)
+                                                         for a in actions)}}))
+    """)
+    did = r["did"]
+    assert r["split"] is True, r
+    assert [".envrc", "quarantined"] in did, r  # type: ignore[operator]
+    assert ["padded.git/hooks/post-receive", "quarantined"] in did, r  # type: ignore[operator]
+    assert ["pad-07", "cleared set-id bits of"] in did, r  # type: ignore[operator]
+    # Control: the padding itself is left alone (nothing trusted by tools on the host).
+    assert not any(p.startswith("pad-") and p != "pad-07" for p, _ in did), r  # type: ignore[union-attr]

@@ -41,6 +41,8 @@ def test_user_mode_argv_is_exact() -> None:
         "--perms", "0444", "--ro-bind-data", "11", "/proc/key-users",
         "--dev", "/dev",
         "--size", "500", "--perms", "1777", "--tmpfs", "/dev/shm",
+        # bwrap's devpts has no max=: covered by an empty, read-only directory (no ptys)
+        "--size", "4096", "--perms", "0755", "--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts",
         "--size", "1000", "--perms", "1777", "--tmpfs", "/tmp",
         "--perms", "0755", "--dir", "/etc",
         "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
@@ -94,3 +96,14 @@ def test_seccomp_program_is_handed_over_by_descriptor() -> None:
 def test_command_runs_the_init_with_its_config_descriptor() -> None:
     assert command(BASE, 9) == ["/usr/bin/python3.11", "-I", "-S", "-B", "/run/corral/init.py",
                                 "9", "/usr/bin/python3", "script.py"]
+
+
+def test_bounded_ptys_come_from_the_devpts_bwraps_child_mounted() -> None:
+    """With ``ptys``, /dev/pts is the private namespace's own (bounded) devpts, bound in
+    with its devices usable; see corral.mountns."""
+    ops = run_mounts((), (), (), (), 1, 1, ptys=16)
+    words = render(ops, Numbering())
+    i = words.index("--dev")
+    assert words[i:i + 2] == ["--dev", "/dev"]
+    assert words[words.index("--dev-bind"):][:3] == ["--dev-bind", "/dev/pts", "/dev/pts"]
+    assert "/dev/pts" not in words[words.index("--tmpfs"):][:2]

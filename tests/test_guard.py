@@ -140,7 +140,7 @@ def test_agent_mounts_order() -> None:
         findings=(Finding("/home/u/dev/p/.env", "hide", "file", "s"),
                   Finding("/home/u/dev/p/.git/hooks", "protect", "dir", "h"),
                   Finding("/home/u/dev/p/.git", "pin", "dir", "g")),
-        tmp_bytes=100, shm_bytes=50)
+        tmp_bytes=100, shm_bytes=50, ptys=64)
     words = render([*agent_mounts(layout), *agent_seal(layout)], Numbering(first=3))
     assert words == [
         "--ro-bind", "/", "/",
@@ -152,6 +152,7 @@ def test_agent_mounts_order() -> None:
         "--perms", "0444", "--ro-bind-data", "5", "/proc/key-users",
         "--dev", "/dev",
         "--size", "50", "--perms", "1777", "--tmpfs", "/dev/shm",
+        "--dev-bind", "/dev/pts", "/dev/pts",  # the devpts with max=64 bwrap's child mounted
         "--perms", "0755", "--dir", "/home/u",
         "--ro-bind", "/home/u/.gitconfig", "/home/u/.gitconfig",
         "--bind-fd", "6", "/home/u/.claude",

@@ -94,10 +94,13 @@ def test_tiocsti_is_blocked_even_with_high_bits(who: Identity, layers: Path,
     need(not legacy.exists() or legacy.read_text().strip() == "1",
          "the control needs dev.tty.legacy_tiocsti=1")
     script = probe(who, "tiocsti.py")
-    r = who.corral_json("--input", str(script), "--", "python3", "tiocsti.py", request_)
+    ptys = who.tmp / "ptys.toml"  # a fresh terminal inside: runs have none by default
+    ptys.write_text("[limits]\nptys = 4\n")
+    r = who.corral_json("--profile", str(ptys), "--input", str(script), "--", "python3",
+                        "tiocsti.py", request_)
     assert json.loads(r["stdout"]) == {"rc": -1, "errno": errno.EPERM, "read": ""}, r
-    ctl = without(who, layers, ["seccomp"], "--input", str(script), "--",
-                  "python3", "tiocsti.py", request_)
+    ctl = without(who, layers, ["seccomp"], "--profile", str(ptys), "--input", str(script),
+                  "--", "python3", "tiocsti.py", request_)
     assert json.loads(ctl["stdout"]) == {"rc": 0, "errno": 0, "read": "Z"}, ctl
 
 

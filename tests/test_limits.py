@@ -8,27 +8,27 @@ where a host has it.
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from corral.errors import HostError
+from corral.errors import HostError, UsageError
 from corral.limits import (
     OVERHEAD_PIDS,
+    TCP_SHARE_MAX,
     Access,
     Usage,
     cfs_quota,
     doctor_rows,
+    image_size,
+    mke2fs_argv,
     parse_proc_cgroup,
     plan,
     requested,
+    tcp_share,
     usage,
     v2_delegated_base,
     verdict,
 )
 from corral.policy import Limits
-from corral.watch import BLOCK, MAX_DEPTH, Unmeasurable, Watch, measure
 
 V1 = Access(1, tuple((c, f"/cg/{c}/corral/uid-0") for c in ("memory", "pids", "cpu", "cpuacct")),
             memsw=True)
@@ -178,87 +178,6 @@ def test_doctor_rows_say_what_is_missing_and_the_fix() -> None:
     assert ok["memory-limit"] and ok["profile-defaults"] and ok["cpu-time-limit"]
 
 
-# -- the disk measure (real files, no sandbox) ----------------------------------------
-
-
-def test_measure_counts_each_inode_once_and_every_entry_at_least_a_block(tmp_path: Path) -> None:
-    (tmp_path / "a").write_bytes(b"x" * 100_000)
-    os.link(tmp_path / "a", tmp_path / "hard")
-    (tmp_path / "link").symlink_to("/usr")  # never followed
-    for i in range(10):
-        (tmp_path / f"empty{i}").touch()
-    (tmp_path / "d" / "e").mkdir(parents=True)
-    use = measure(str(tmp_path))
-    a_blocks = os.stat(tmp_path / "a").st_blocks * 512
-    assert use.bytes == a_blocks + BLOCK * (1 + 10 + 2)  # symlink, empty files, two dirs
-
-
-def test_measure_stops_early_once_over(tmp_path: Path) -> None:
-    for i in range(100):
-        (tmp_path / f"f{i}").touch()
-    use = measure(str(tmp_path), stop_at=10 * BLOCK)
-    assert not use.complete and use.bytes == 11 * BLOCK
-
-
-def test_measure_counts_open_deleted_files_of_given_processes(tmp_path: Path) -> None:
-    with open(tmp_path / "gone", "wb") as f:
-        f.write(b"y" * 1_000_000)
-        f.flush()
-        os.unlink(tmp_path / "gone")
-        assert measure(str(tmp_path)).bytes == 0  # control: the walk alone misses it
-        assert measure(str(tmp_path), pids=[os.getpid()]).bytes >= 1_000_000
-
-
-def test_measure_refuses_what_it_cannot_see(tmp_path: Path) -> None:
-    deep = tmp_path
-    for _ in range(MAX_DEPTH + 1):
-        deep = deep / "d"
-    deep.mkdir(parents=True)
-    with pytest.raises(Unmeasurable):
-        measure(str(tmp_path))
-
-
-def test_watch_reports_disk_over_the_limit(tmp_path: Path) -> None:
-    watch = Watch(workspace=str(tmp_path), disk_bytes=1 << 20, cpu_s=None)
-    (tmp_path / "before").write_bytes(b"z" * (4 << 20))  # the limit is on what is added
-    watch.start()
-    watch.next_disk = 0
-    assert watch.check() is None
-    (tmp_path / "after").write_bytes(b"z" * (2 << 20))
-    watch.next_disk = 0
-    assert watch.check() == "disk-limit" and watch.describe()["limit_hit"] == "disk"
-
-
-def test_watch_ends_a_run_over_its_cpu_time() -> None:
-    used = [0.5]
-    watch = Watch(workspace="/", disk_bytes=None, cpu_s=1.0, cpu_used=lambda: used[0])
-    watch.start()
-    watch.next_cpu = 0
-    assert watch.check() is None
-    used[0] = 1.2
-    watch.next_cpu = 0
-    assert watch.check() == "timeout" and watch.limit_hit == "cpu"
-    # Without a cgroup to read, there is no CPU-time watch (and the policy was refused).
-    assert Watch(workspace="/", disk_bytes=None, cpu_s=1.0).due() is None
-
-
-def test_a_locked_directory_is_reopened_or_refused(tmp_path: Path) -> None:
-    locked = tmp_path / "d"
-    locked.mkdir()
-    (locked / "f").write_bytes(b"q" * 100_000)
-    locked.chmod(0)
-    try:
-        if os.geteuid() == 0:
-            assert measure(str(tmp_path)).bytes > 100_000  # root reads it regardless
-            return
-        with pytest.raises(Unmeasurable):
-            measure(str(tmp_path))  # control: a plain user cannot read it as it is
-        assert measure(str(tmp_path), restore=True).bytes > 100_000
-        assert locked.stat().st_mode & 0o700 == 0o700
-    finally:
-        locked.chmod(0o700)
-
-
 def test_dry_run_lines_name_the_cgroup_and_what_is_written() -> None:
     from corral.limits import describe
 
@@ -268,18 +187,73 @@ def test_dry_run_lines_name_the_cgroup_and_what_is_written() -> None:
     assert describe(plan(Limits(), V1, False))[0].startswith("# cgroup: none")
 
 
-def test_a_directory_without_search_rights_is_restored_or_refused(tmp_path: Path) -> None:
-    ws = tmp_path / "ws"
-    (ws / "d").mkdir(parents=True)
-    (ws / "d" / "f").write_bytes(b"q" * 100_000)
-    (ws / "d").chmod(0o600)  # readable, not searchable: entries cannot be stat'ed
-    ws.chmod(0o500)
-    try:
-        if os.geteuid() == 0:
-            assert measure(str(ws)).bytes > 100_000
-            return
-        assert measure(str(ws), restore=True).bytes > 100_000
-        assert ws.stat().st_mode & 0o700 == 0o700 and (ws / "d").stat().st_mode & 0o700 == 0o700
-    finally:
-        ws.chmod(0o700)
-        (ws / "d").chmod(0o700)
+# -- one budget for memory and v1's separately counted socket buffers ---------------------
+
+
+def test_v1_splits_one_budget_between_memory_and_socket_buffers() -> None:
+    with_tcp = Access(1, V1.bases, memsw=True, tcp=True)
+    settings = dict(((c, f), v) for c, f, v in plan(ALL, with_tcp, False).settings)
+    memory, tcp = (int(settings["memory", f]) for f in ("memory.limit_in_bytes",
+                                                        "memory.kmem.tcp.limit_in_bytes"))
+    assert memory + tcp == 64 << 20 and tcp == 16 << 20  # a quarter of a small budget
+    assert int(settings["memory", "memory.memsw.limit_in_bytes"]) == memory
+    assert tcp_share(8 << 30) == TCP_SHARE_MAX  # at most 64 MiB of a big one
+    # Control: without kmem.tcp accounting nothing is split (and nothing is charged).
+    assert ("memory", "memory.limit_in_bytes", str(64 << 20)) in plan(ALL, V1, False).settings
+
+
+def test_v1_peak_is_memory_and_socket_buffers_added_up() -> None:
+    got = usage(1, _reader({("memory", "memory.max_usage_in_bytes"): "100\n",
+                            ("memory", "memory.kmem.tcp.max_usage_in_bytes"): "20\n"}))
+    assert got.peak_memory_bytes == 120
+    assert usage(1, _reader({("memory", "memory.max_usage_in_bytes"): "100\n"})
+                 ).peak_memory_bytes == 100
+
+
+# -- open files per run --------------------------------------------------------------------
+
+
+def test_open_files_per_process_shrink_so_that_the_run_stays_within_its_budget() -> None:
+    lim = Limits(pids=512, files=131072)
+    assert lim.process_nofile == 131072 // (512 + OVERHEAD_PIDS) == 254
+    assert (lim.pids + OVERHEAD_PIDS) * lim.process_nofile <= lim.files
+    assert Limits(pids=8, files=131072).process_nofile == 1024  # nofile itself caps it
+    # Control: no pids limit, nothing to share out (and nothing bounds the processes).
+    assert Limits(files=64).process_nofile == 1024
+
+
+def test_a_budget_too_small_for_the_processes_is_refused() -> None:
+    with pytest.raises(UsageError) as e:
+        Limits(pids=4096, files=262144)
+    assert "4096 processes leave 63 open files" in str(e.value) and "--pids" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", [-1, 257, True])
+def test_pty_counts_are_checked(bad: int) -> None:
+    with pytest.raises(UsageError):
+        Limits(ptys=bad)
+    assert Limits(ptys=0).ptys == 0  # control: none is a valid count
+
+
+# -- the disk cap: an image per fresh workspace ------------------------------------------
+
+
+@pytest.mark.parametrize("capacity", [1, 1 << 20, 16 << 20, 2 << 30])
+def test_image_leaves_room_for_ext4s_metadata(capacity: int) -> None:
+    size = image_size(capacity)
+    assert size % 4096 == 0 and size >= capacity + capacity // 8 + (1 << 20)
+
+
+def test_mke2fs_argv_is_exact() -> None:
+    assert mke2fs_argv("/usr/sbin/mke2fs", "/r/work.img", (65534, 65534)) == [
+        "/usr/sbin/mke2fs", "-q", "-F", "-t", "ext4", "-b", "4096", "-I", "256",
+        "-i", "4096", "-m", "0", "-O", "^has_journal,^resize_inode",
+        "-E", "lazy_itable_init=1,nodiscard,root_owner=65534:65534", "/r/work.img"]
+
+
+def test_doctor_rows_name_the_disk_bound_and_why_not_a_file_system() -> None:
+    capped = dict((n, how) for n, _, how in doctor_rows(V1, Limits(), None, True))
+    assert capped["disk-limit"].startswith("file system cap") and "max=" in capped["ptys"]
+    watched = dict((n, how) for n, _, how in doctor_rows(V1, Limits(), "no loop devices", False))
+    assert watched["disk-limit"].startswith("measured, not capped (no loop devices)")
+    assert watched["ptys"].startswith("no pseudo-terminals")

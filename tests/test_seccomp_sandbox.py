@@ -270,12 +270,13 @@ def test_fallocate_cannot_allocate_past_the_end(who: Identity, layers: Path) -> 
 def test_terminal_requests_programs_need_work_and_the_rest_fail(who: Identity,
                                                                 layers: Path) -> None:
     script = probe(who, "terminal.py")
-    r = json.loads(who.corral_json("--input", str(script), "--", "python3",
-                                   "terminal.py")["stdout"])
+    ptys = give(who, "ptys.toml", "[limits]\nptys = 4\n")  # runs have none by default
+    r = json.loads(who.corral_json("--profile", str(ptys), "--input", str(script), "--",
+                                   "python3", "terminal.py")["stdout"])
     assert r == {"raw": "ok", "winsize": [24, 80], "drain": "ok", "stty": ["30", "100"],
                  "TCXONC": errno.EPERM, "TIOCEXCL": errno.EPERM, "TIOCSETD": errno.EPERM}, r
-    ctl = json.loads(without(who, layers, ["seccomp"], "--input", str(script), "--", "python3",
-                             "terminal.py")["stdout"])
+    ctl = json.loads(without(who, layers, ["seccomp"], "--profile", str(ptys), "--input",
+                             str(script), "--", "python3", "terminal.py")["stdout"])
     assert (ctl["TCXONC"], ctl["TIOCEXCL"], ctl["TIOCSETD"]) == ("done",) * 3, ctl
 
 

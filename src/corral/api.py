@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
-from . import agent, audit, egress, enforce, guard, host, pending, resolve, workspace
+from . import agent, audit, egress, enforce, fsops, guard, host, pending, resolve, workspace
 from .bwrap import Sandbox
+from .diskimage import Image
 from .enforce import Limited
 from .errors import CorralError, Interrupted, UsageError
 from .limits import Plan
@@ -89,7 +90,8 @@ def _workspace_owner(path: str, facts: host.HostFacts, policy: Policy) -> tuple[
 def prepare(policy: Policy, *, workspace_dir: str | None, inputs: Sequence[str],
             runs_dir: str | None, facts: host.HostFacts, own_workspace: bool = False
             ) -> tuple[RunDir, tuple[int, int]]:
-    """Validate everything, then create the run directory: nothing exists if this raises."""
+    """Validate everything, then create the run directory (and copy ``inputs`` in): nothing
+    exists if this raises."""
     checked = workspace.check_inputs(inputs)
     if workspace_dir is not None:
         ws = guard.check_workspace(workspace_dir, own_workspace)
@@ -175,8 +177,14 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
-    run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir, inputs=inputs,
+    disk_why = enforce.image_unavailable(policy, facts, fresh=workspace_dir is None)
+    later = workspace.check_inputs(inputs) if disk_why is None else []  # into the image
+    run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir,
+                                  inputs=inputs if disk_why is not None else (),
                                   runs_dir=runs_dir, facts=facts, own_workspace=own_workspace)
+    image = None
+    if disk_why is None:
+        image, disk_why = _stage(run_dir, policy, later, (uid, gid))
     sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
     before = {} if run_dir.fresh else workspace.snapshot(run_dir.workspace)
     owner = (uid, gid) if facts.is_root else None
@@ -190,21 +198,56 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     }
     workspace.write_record(run_dir.record_path, record)
     actions: list[audit.Action] = []
+    exported: dict[str, object] = {}
     try:
         with audit.audited(census, workspace.quarantine(run_dir.root), actions):
-            limited, denials, record["egress_log"] = _execute(
-                sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace, run_dir.root,
-                capture, stdin)
+            try:
+                limited, denials, record["egress_log"] = _execute(
+                    sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace,
+                    run_dir.root, capture, stdin, image, disk_why)
+            finally:  # every exit path: the run's files land in RUNS/<id>/work
+                if image is not None:
+                    exported = enforce.release_image(image, run_dir.workspace)
             changes, cut = workspace.collect(run_dir.workspace, before)
     except BaseException as e:
-        raise _unwound(e, record, run_dir.record_path, actions) from None
+        raise _unwound(e, {**record, **_left(run_dir, before), "limits": exported},
+                       run_dir.record_path, actions) from None
     result = _result(limited, denials, cg_plan, actions, workspace=run_dir.workspace,
                      record=run_dir.record_path, run_id=run_dir.run_id,
                      changes=tuple(changes), changes_truncated=cut)
-    record.update(result.to_json(), limits=limited.record)
+    record.update(result.to_json(), limits={**limited.record, **exported})
     record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     workspace.write_record(run_dir.record_path, record)
     return result
+
+
+def _stage(run_dir: RunDir, policy: Policy, inputs: Sequence[str], owner: tuple[int, int]
+           ) -> tuple[Image | None, str]:
+    """Started by root, a fresh workspace with a disk limit: its image (or, when the host
+    will not make one, the plain directory, measured instead), with the inputs in it."""
+    assert policy.limits.disk_bytes is not None
+    capacity = policy.limits.disk_bytes + workspace.input_bytes(inputs)
+    image, why = enforce.make_image(run_dir.root, capacity, owner)
+    try:
+        root = image.root() if image is not None else os.open(run_dir.workspace,
+                                                              workspace.DIR_FLAGS)
+        with fsops.Tree(run_dir.workspace, owner, root) as tree:
+            for src in inputs:
+                workspace.copy_in(tree, src)
+    except BaseException:
+        if image is not None:
+            image.close()
+        raise
+    return image, why
+
+
+def _left(run_dir: RunDir, before: dict[str, Any]) -> dict[str, Any]:
+    """For the record of a run that did not end normally: what it left in its workspace."""
+    try:
+        changes, cut = workspace.collect(run_dir.workspace, before)
+    except Exception as e:  # the record is still written; it says why the list is missing
+        return {"changes": [], "changes_error": str(e)}
+    return {"changes": [c.to_json() for c in changes], "changes_truncated": cut}
 
 
 def _unwound(e: BaseException, record: dict[str, Any], path: str | None,
@@ -315,18 +358,21 @@ def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan
 
 
 def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, run_id: str,
-             measured: str, record_dir: str | None, capture: bool, stdin: bytes | None
+             measured: str, record_dir: str | None, capture: bool, stdin: bytes | None,
+             image: Image | None = None, disk_why: str = ""
              ) -> tuple[Limited, tuple[dict[str, Any], ...], str | None]:
     """Launch ``sb`` with its egress session and its limits; both are closed on return.
 
-    ``measured`` is the directory whose growth counts against the disk limit.
+    ``measured`` is the directory whose growth counts against the disk limit
+    (``image``, when given, is its file system; see :func:`corral.enforce.launch_limited`).
     Returns the limited outcome, the egress denials and the egress log's path.
     """
     net = egress.open_session(policy.network, record_dir, cpu_share=policy.limits.cpus) \
         if policy.network.allow else egress.NoEgress()
     with net:
         limited = enforce.launch_limited(
-            net.attach(sb), policy, facts, cg_plan, run_id, measured, capture=capture,
+            net.attach(sb), policy, facts, cg_plan, run_id, measured, image, disk_why,
+            capture=capture,
             stdin=stdin, output_cap=policy.limits.output_bytes,
             timeout_s=policy.limits.timeout_s, bwrap_path=facts.require_bwrap(),
             host_hint=guard.userns_hint(facts), extra_fds=net.pass_fds)

@@ -59,6 +59,7 @@ SETID = stat.S_ISUID | stat.S_ISGID
 BACKUP_CAP = 1 << 20  # bytes of one file copied at launch
 BACKUP_TOTAL = 32 << 20  # bytes of all of them
 AUDIT_CAP = 500_000  # entries walked after the run
+CHUNK = 4096  # entries of one directory held at once: the launcher's memory stays small
 MAX_WATCHED = 4_000  # git directories the live watch follows (like discover.MAX_MASKS)
 
 
@@ -155,10 +156,11 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     backups: dict[str, tuple[bytes, int]] = {}
     with fsops.Tree(top, owner) as tree:
         try:
-            for here, entries in walk(tree, limit=AUDIT_CAP, stats=True):
-                if here and repos.is_git_dir({e.name for e in entries}):
-                    gitdirs.add(tree.path(here))
-                    _keep(tree, here, backups, budget)
+            for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
+                if here and (tree.path(here) in gitdirs or repos.holds_git_dir(tree, here)):
+                    if tree.path(here) not in gitdirs:  # its first part
+                        gitdirs.add(tree.path(here))
+                        _keep(tree, here, backups, budget)
                     entries.clear()
                     continue
                 for e in [e for e in entries if e.name in names or e.name == ".git"]:
@@ -206,6 +208,8 @@ class Auditor:
         self.qtree: fsops.Tree | None = None
         self.actions: list[Action] = []
         self.errors: list[OSError] = []  # folders no walk could list, even unlocked
+        self.here: str | None = None  # the directory the walk is in, and whether it is
+        self.here_is_git = False  # a git directory (each is audited once, not per part)
 
     def run(self) -> list[Action]:
         try:
@@ -236,14 +240,19 @@ class Auditor:
     def _walk(self, tree: fsops.Tree, rel: str) -> Iterator[tuple[str, list[fsops.Entry]]]:
         """Every folder beneath ``rel``: one the payload locked is unlocked (it is the
         owner's), one that cannot be listed even so is reported, and the rest is walked."""
-        return walk(tree, rel, limit=AUDIT_CAP, stats=True, errors=self.errors)
+        return walk(tree, rel, limit=AUDIT_CAP, stats=True, chunk=CHUNK, errors=self.errors)
 
     def _directory(self, tree: fsops.Tree, here: str, entries: list[fsops.Entry]) -> None:
-        if repos.is_git_dir({e.name for e in entries}) and (here or repos.valid_head(tree, "")):
+        if here != self.here:  # a directory's parts come one after another
             # A bare repository (the tree's top too, when its HEAD is one git takes): its
             # controls, and then its folders like any other, since a folder that merely
             # looks like a repository must not hide what lies beneath it.
-            self._gitdir(tree, here or ".", setid=False)  # the walk goes on into it
+            self.here = here
+            self.here_is_git = repos.holds_git_dir(tree, here) and (
+                bool(here) or repos.valid_head(tree, ""))
+            if self.here_is_git:
+                self._gitdir(tree, here or ".", setid=False)  # the walk goes on into it
+        if self.here_is_git:
             entries[:] = [e for e in entries if e.name not in repos.NESTED]
         keep = []
         for e in entries:
@@ -318,11 +327,15 @@ class Auditor:
         for nested in ("modules", "worktrees"):
             if tree.lstat(f"{rel}/{nested}") is None:
                 continue
+            seen: set[str] = set()  # a directory comes in parts: judge it once, by name
             for here, entries in self._walk(tree, f"{rel}/{nested}"):
-                names = {e.name for e in entries}
-                if "HEAD" in names and ("config" in names or repos.is_git_dir(names)):
+                if here in seen or (tree.lstat(f"{here}/HEAD") is not None and (
+                        tree.lstat(f"{here}/config") is not None
+                        or repos.holds_git_dir(tree, here))):
                     entries.clear()
-                    self._gitdir(tree, here)
+                    if here not in seen:
+                        seen.add(here)
+                        self._gitdir(tree, here)
 
     def _work_tree_hooks(self, tree: fsops.Tree, gitdir: str) -> None:
         """A new repository's hooks in the folder the global ``core.hooksPath`` names,

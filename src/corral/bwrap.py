@@ -19,7 +19,8 @@ so :func:`build_ops` emits them in this documented order:
  4. environment (``--clearenv`` first), working directory, seccomp, status
 
 :func:`run_mounts` orders the run-mode filesystem as: ``/usr`` and its
-usr-merge symlinks; ``/proc``, ``/dev``, sized ``/tmp`` and ``/dev/shm``;
+usr-merge symlinks; ``/proc``, ``/dev`` (its ``/dev/pts`` bounded or empty),
+sized ``/tmp`` and ``/dev/shm``;
 read-only ``/etc`` files, interpreter prefixes and user paths; the workspace,
 writable and bound by descriptor; generated files such as ``/etc/passwd``.
 Nothing is ever placed under the workspace (DESIGN fact 7).
@@ -104,6 +105,16 @@ class BindFd(NamedTuple):
         return [flag, str(fds.fd(self.handle)), self.dest]
 
 
+class DevBind(NamedTuple):
+    """A host path bound with its device nodes usable (a devpts instance)."""
+
+    source: str
+    dest: str
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--dev-bind", self.source, self.dest]
+
+
 class Symlink(NamedTuple):
     target: str
     dest: str
@@ -178,8 +189,8 @@ class FdFlag(NamedTuple):
         return [self.flag, str(fd)]
 
 
-Op = (Flag | RoBind | BindFd | Symlink | Dir | Tmpfs | Kernel | RoData | RemountRo | SetEnv
-      | FdFlag)
+Op = (Flag | RoBind | BindFd | DevBind | Symlink | Dir | Tmpfs | Kernel | RoData | RemountRo
+      | SetEnv | FdFlag)
 
 
 class Mount(NamedTuple):
@@ -211,6 +222,7 @@ class Sandbox:
     chdir: str = "/work"
     hostname: str = "corral"
     seccomp: bytes | None = field(default=None, repr=False)
+    ptys: int = 0  # a devpts with max=ptys, made by bwrap's child (corral.mountns); 0: none
 
 
 def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
@@ -267,19 +279,30 @@ def mask(path: str, kind: str) -> list[Op]:
 # the descriptions of the keys in the keyrings the launcher can see (seccomp keeps their
 # contents out of reach, not this listing).
 PROC_EMPTIED = ("/proc/keys", "/proc/key-users")
+PTS_TMPFS_BYTES = 4096
 
 
-def kernel_filesystems(shm_bytes: int) -> list[Op]:
-    """A fresh /proc (with PROC_EMPTIED emptied), a minimal /dev, a sized /dev/shm."""
+def kernel_filesystems(shm_bytes: int, ptys: int) -> list[Op]:
+    """A fresh /proc (with PROC_EMPTIED emptied), a minimal /dev, a sized /dev/shm, and
+    pseudo-terminals only from a devpts of at most ``ptys`` (none for 0).
+
+    bwrap's own devpts has no ``max=``: one sandbox could take every pty the kernel
+    allows, and other sandboxes would get ENOSPC from /dev/ptmx.  It is covered either
+    by the bounded instance bwrap's child mounted over the host's /dev/pts in its
+    private namespace (see corral.mountns), or by an empty read-only directory, so that
+    /dev/ptmx (a link to pts/ptmx) leads nowhere.
+    """
+    pts: list[Op] = ([DevBind("/dev/pts", "/dev/pts")] if ptys else
+                     [Tmpfs("/dev/pts", PTS_TMPFS_BYTES, 0o755), RemountRo("/dev/pts")])
     return [Kernel("--proc", "/proc"),
             *(RoData(Data(path, b""), path, 0o444) for path in PROC_EMPTIED),
-            Kernel("--dev", "/dev"), Tmpfs("/dev/shm", shm_bytes, 0o1777)]
+            Kernel("--dev", "/dev"), Tmpfs("/dev/shm", shm_bytes, 0o1777), *pts]
 
 
 def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
                writable: Sequence[Mount], files: Sequence[tuple[str, bytes]],
                tmp_bytes: int, shm_bytes: int, modes: Mapping[str, int] | None = None,
-               masks: Sequence[tuple[str, str]] = ()) -> list[Op]:
+               masks: Sequence[tuple[str, str]] = (), ptys: int = 0) -> list[Op]:
     """The filesystem of ``corral run``: steps 2 to 5 and 7 of the module docstring.
 
     ``usr_links`` are usr-merge symlinks such as ``("usr/bin", "/bin")``;
@@ -291,7 +314,7 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     ops: list[Op] = [RoBind("/usr", "/usr")]
     ops.extend(Symlink(target, link) for target, link in usr_links)
     # Scratch before the read-only extras, so that an extra under /tmp is not covered.
-    ops += [*kernel_filesystems(shm_bytes), Tmpfs("/tmp", tmp_bytes, 0o1777)]
+    ops += [*kernel_filesystems(shm_bytes, ptys), Tmpfs("/tmp", tmp_bytes, 0o1777)]
     for m in base:
         ops.extend(mount(m, made, modes))
     ops.extend(op for path, kind in masks for op in mask(path, kind))

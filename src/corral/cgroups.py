@@ -208,12 +208,12 @@ class RunCgroup:
         if not ok:
             raise OSError(errno.EIO, f"wrote {value}, the kernel kept {got or 'nothing'}", path)
 
-    def spawn(self, start: Start[P]) -> P:
-        """Start bwrap inside the run's cgroups; ``start(preexec)`` does the Popen.
+    def child_step(self) -> Callable[[], None]:
+        """What bwrap's child runs between fork and exec to join the run's cgroups.
 
-        The child moves itself between fork and exec, so nothing of corral's
-        ever sits in the run's cgroups (where the OOM killer could pick it).
-        A failed move fails the child before exec: nothing starts unlimited.
+        The child moves itself, so nothing of corral's ever sits in the run's
+        cgroups (where the OOM killer could pick it).  A failed move fails the
+        child before exec: nothing starts unlimited.
         """
         targets = [os.fsencode(os.path.join(d, "tasks" if self.version == 1 else "cgroup.procs"))
                    for d in self.unique]
@@ -226,8 +226,12 @@ class RunCgroup:
                 finally:
                     os.close(fd)
 
+        return join
+
+    def spawn(self, start: Start[P]) -> P:
+        """Start a process inside the run's cgroups; ``start(preexec)`` does the Popen."""
         try:
-            return start(join)
+            return start(self.child_step())
         except subprocess.SubprocessError as e:
             raise HostError("bwrap could not enter the run's cgroup", str(e),
                             "run 'corral doctor' to see what this host enforces") from None

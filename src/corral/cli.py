@@ -357,11 +357,15 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     if args.dry_run:
         sb = api.plan(cmd, policy, workspace_dir=args.workspace, inputs=args.input, env=env,
                       runs_dir=args.runs_dir)
-        from .enforce import check
+        from .enforce import check, image_unavailable
         from .limits import describe
 
+        why = image_unavailable(policy, detect(), fresh=args.workspace is None)
+        disk = [] if policy.limits.disk_bytes is None else [
+            "# disk: the workspace is an ext4 image of its own, mounted by bwrap's child"
+            if why is None else f"# disk: measured ({why})"]
         print("\n".join(dry_run_lines(sb, detect().require_bwrap())
-                        + describe(check(policy, detect()))))
+                        + describe(check(policy, detect())) + disk))
         return 0
     result = api.run(cmd, policy, workspace_dir=args.workspace, inputs=args.input,
                      capture=args.json, env=env, runs_dir=args.runs_dir)
@@ -415,7 +419,19 @@ def _warn(notes: Sequence[str]) -> None:
         print(f"corral: warning: {note}", file=sys.stderr)
 
 
+# Signals whose default is to end the process: they unwind like Ctrl-C.
+_STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGALRM)
+
+
 def _stop(signum: int, frame: object) -> None:
+    """The first stopping signal ends the run through the usual teardown (the sandbox
+    killed, its workspace copied out of its image, audited, its record written); later
+    ones are ignored so that they cannot cut that teardown short."""
+    for sig in (signal.SIGINT, *_STOPPING):
+        signal.signal(sig, signal.SIG_IGN)
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise Interrupted(signum)
 
 
@@ -426,12 +442,13 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     # Signals whose default is to end the process unwind like Ctrl-C: the sandbox is
     # killed, the run audited and recorded, before corral exits 128+N (SIGKILL cannot be
     # caught: see threat-model.md).
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
-                signal.SIGUSR2, signal.SIGALRM):
+    for sig in _STOPPING:
         signal.signal(sig, _stop)
     try:
         verb = next((a for a in options if not a.startswith("-")), None)
         args = _parser(verb).parse_args(options)
+        if args.verb in ("run", "agent", "shell"):
+            signal.signal(signal.SIGINT, _stop)  # a second Ctrl-C waits for the teardown
         if args.verb == "run":
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):

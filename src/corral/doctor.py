@@ -51,12 +51,15 @@ def _seccomp(facts: HostFacts) -> tuple[bool, str]:
 
 
 def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | None = None,
-           strict_profiles: tuple[str, ...] = ()) -> dict[str, Any]:
+           strict_profiles: tuple[str, ...] = (), image_why: str | None = "not probed",
+           bounded_ptys: bool = False) -> dict[str, Any]:
     """Facts and protections as a JSON-ready report.
 
     ``access`` (from :func:`corral.cgroups.probe`) adds which resource limits
     hold here; ``defaults`` are the shipped profiles' limits; ``strict_profiles``
-    are those that forbid unix sockets (their payloads get a second filter).
+    are those that forbid unix sockets (their payloads get a second filter);
+    ``image_why`` and ``bounded_ptys`` what :func:`report` found about disk images
+    and devpts.
     """
     userns_ok, userns_note = _userns(facts)
     has_seccomp, seccomp_note = _seccomp(facts)
@@ -85,7 +88,7 @@ def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | No
         from .limits import doctor_rows
         from .policy import Limits
 
-        protections += doctor_rows(access, defaults or Limits())
+        protections += doctor_rows(access, defaults or Limits(), image_why, bounded_ptys)
     return {
         "ready": (facts.bwrap is not None and userns_ok and has_seccomp
                   and facts.landlock_abi >= 1),
@@ -110,11 +113,14 @@ def assess(facts: HostFacts, access: Access | None = None, defaults: Limits | No
 
 def report() -> dict[str, Any]:
     from .cgroups import probe
+    from .diskimage import unavailable
+    from .mountns import can_mount_devpts
     from .profiles import builtin_profiles, load_profile
 
     facts = detect()
     strict = tuple(n for n in builtin_profiles() if not load_profile(n).unix_sockets)
-    return assess(facts, probe(facts), load_profile("python").limits, strict)
+    return assess(facts, probe(facts), load_profile("python").limits, strict,
+                  unavailable(facts.is_root), can_mount_devpts(not facts.is_root))
 
 
 def _filter_line(d: dict[str, Any]) -> str:

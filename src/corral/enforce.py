@@ -1,27 +1,36 @@
-"""Enforcing one run's limits around a launch: its cgroup, its watcher, its verdict.
+"""Enforcing one run's limits around a launch: its cgroup, its disk, its watcher, its verdict.
 
 :func:`check` runs before anything of the run exists, so a limit this host
-cannot enforce stops the run with nothing created; :func:`launch_limited`
-owns the cgroup for the run's whole life: created and filled with limits
-before bwrap starts (inside it), watched while the run lives, emptied, read
-and removed after, whatever happened.
+cannot enforce stops the run with nothing created.  :func:`make_image` gives
+a fresh workspace its own capped file system where the host allows (see
+:mod:`corral.diskimage`); :func:`release_image` copies it out and lets it go,
+on every exit path.  :func:`launch_limited` owns the cgroup for the run's
+whole life: created and filled with limits before bwrap starts (inside it),
+watched while the run lives, emptied, read and removed after, whatever
+happened.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import cgroups, limits
-from .bwrap import Sandbox
+from . import cgroups, diskimage, limits
+from .bwrap import PathHandle, Sandbox
 from .cgroups import RunCgroup
+from .diskimage import Image
+from .diskuse import descendants
 from .host import HostFacts
 from .launch import Launch, Outcome
 from .limits import Plan, Usage
+from .mountns import ChildMounts
 from .policy import Policy
 from .watch import Watch
 
-__all__ = ["Limited", "check", "launch_limited"]
+__all__ = ["Limited", "check", "image_unavailable", "launch_limited", "make_image",
+           "release_image"]
 
 
 @dataclass(slots=True)
@@ -41,32 +50,94 @@ def check(policy: Policy, facts: HostFacts) -> Plan:
     return limits.plan(policy.limits, access, policy.allow.unenforced_limits)
 
 
+def image_unavailable(policy: Policy, facts: HostFacts, fresh: bool) -> str | None:
+    """Why the run's disk limit will be observed rather than a file system's size, or None.
+
+    A reused ``--workspace`` keeps its place: copying the user's directory into an
+    image and back would cost its whole size twice and race with whoever edits it.
+    """
+    if policy.limits.disk_bytes is None:
+        return "no disk limit"
+    if not fresh:
+        return "a reused workspace (--workspace) is measured, not capped"
+    return diskimage.unavailable(facts.is_root)
+
+
+def make_image(run_root: str, capacity: int, owner: tuple[int, int]) -> tuple[Image | None, str]:
+    """A fresh workspace's file system, free space ``capacity`` at least, or (None, why)."""
+    image = Image(os.path.join(run_root, "work.img"), capacity, owner)
+    try:
+        image.create()
+    except (OSError, subprocess.SubprocessError) as e:
+        image.close()
+        return None, f"the workspace image could not be made ({e})"
+    return image, ""
+
+
+def release_image(image: Image, workspace: str) -> dict[str, object]:
+    """After the run: copy the image's tree into ``workspace``, let go, say how it went."""
+    try:
+        image.export(workspace)
+    finally:
+        image.close()
+    return image.describe()
+
+
+def _child_mounts(image: Image | None, workspace: str) -> ChildMounts | None:
+    """The image moved over the workspace in bwrap's private namespace (root only; the
+    launcher adds a sandbox's bounded devpts itself)."""
+    if image is None or image.mount_fd is None:
+        return None
+    mounts = ChildMounts(own_userns=False)
+    mounts.move(image.mount_fd, workspace)
+    return mounts
+
+
 def launch_limited(sb: Sandbox, policy: Policy, facts: HostFacts, plan: Plan, run_id: str,
-                   workspace: str, **launch_args: Any) -> Limited:
-    """Launch ``sb`` (see :class:`~corral.launch.Launch` for ``launch_args``) within its limits."""
+                   workspace: str, image: Image | None = None, disk_why: str = "",
+                   **launch_args: Any) -> Limited:
+    """Launch ``sb`` (see :class:`~corral.launch.Launch` for ``launch_args``) within its limits.
+
+    ``image``, when given, is mounted at ``workspace`` for the run (its caller
+    releases it afterwards); ``disk_why`` says why there is none.
+    """
     lim = policy.limits
     cgroup = RunCgroup(plan, run_id) if plan.bases else None
+    run: Launch | None = None
+
+    def processes() -> list[int]:  # without a cgroup: everything below bwrap
+        return descendants(run.proc.pid) if run is not None and run.proc is not None else []
+
     watch = Watch(workspace=workspace, disk_bytes=lim.disk_bytes, cpu_s=lim.cpu_s,
-                  pids=cgroup.pids if cgroup else None,
-                  cpu_used=cgroup.cpu_s if cgroup else None, restore=not facts.is_root)
+                  pids=cgroup.pids if cgroup else processes,
+                  cpu_used=cgroup.cpu_s if cgroup else None, restore=not facts.is_root,
+                  image=image)
+    preset = ({PathHandle(workspace): image.mount_fd}
+              if image is not None and image.mount_fd is not None else None)
     used: Usage | None = None
     try:
         if cgroup is not None:
             cgroup.create()
         watch.start()
-        run = Launch(sb, cgroup=cgroup, watch=watch, **launch_args)
+        run = Launch(sb, cgroup=cgroup, watch=watch, preset=preset,
+                     mounts=_child_mounts(image, workspace), **launch_args)
         try:
             run.start()
             outcome = run.supervise()
         finally:
             run.close()
     finally:
+        watch.stop()
         if cgroup is not None:
             used = cgroup.close()
     outcome.status = limits.verdict(outcome.status, outcome.exit_code, used)
     if outcome.status in ("exited", "signaled") and watch.finish() == "disk-limit":
         outcome.status = "disk-limit"  # crossed in the last moments; the code stays its own
-    return Limited(outcome, used, _record(plan, cgroup, watch, used))
+    record = _record(plan, cgroup, watch, used)
+    if lim.disk_bytes is not None and disk_why:
+        record["disk_enforcement_why"] = disk_why
+    record["ptys"] = sb.ptys
+    return Limited(outcome, used, record)
 
 
 def _record(plan: Plan, cgroup: RunCgroup | None, watch: Watch, used: Usage | None

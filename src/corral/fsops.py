@@ -292,6 +292,24 @@ class Tree:
         finally:
             os.close(fd)
 
+    def scandir_chunks(self, rel: str = "", stats: bool = False, size: int = 4096
+                       ) -> Iterator[list[Entry]]:
+        """:meth:`scandir` a ``size`` entries at a time, so that a directory of a million
+        names costs one chunk of memory, not a million entries at once."""
+        fd = self.open(rel, DIR_FLAGS)
+        try:
+            with os.scandir(fd) as it:
+                chunk: list[Entry] = []
+                for e in it:
+                    chunk.append(Entry(e.name, _entry_kind(e), _entry_stat(e) if stats else None))
+                    if len(chunk) >= size:
+                        yield chunk
+                        chunk = []
+                if chunk:
+                    yield chunk
+        finally:
+            os.close(fd)
+
     def components(self, rel: str) -> list[os.stat_result]:
         """The stat of the top and of every component down to ``rel``, each reached
         beneath the one before without following a link (the last may be a link)."""

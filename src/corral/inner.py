@@ -277,13 +277,15 @@ def take_terminal(fd: int) -> None:
 def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
     """In the forked child: confine, then exec.  Never returns."""
     try:
+        # First: dumpable again (the fork inherited the init's "not dumpable"), so that a
+        # plain user's disk watcher can read this process's descriptors from the start.
+        prefer_oom_kill()
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):
             signal.signal(sig, signal.SIG_DFL)
         if cfg.get("tty") is not None:
             take_terminal(int(cfg["tty"]))
         os.umask(0o022)
         os.chdir(cfg.get("cwd", "/"))
-        prefer_oom_kill()
         set_rlimits(cfg.get("rlimits", {}))
         if cfg.get("landlock") is not None:
             apply_landlock(cfg["landlock"])

@@ -38,6 +38,7 @@ from .errors import HostError, LaunchError
 
 if TYPE_CHECKING:
     from .cgroups import RunCgroup
+    from .mountns import ChildMounts
     from .watch import Watch
 
 __all__ = ["Launch", "Outcome", "launch"]
@@ -66,14 +67,21 @@ class Outcome:
 
 
 class Handles:
-    """The descriptors bwrap reads: generated data as memfds, paths as O_PATH handles."""
+    """The descriptors bwrap reads: generated data as memfds, paths as O_PATH handles.
 
-    def __init__(self) -> None:
+    ``preset`` gives the descriptor for a path handle instead of opening the path:
+    a workspace image's detached mount (see :mod:`corral.diskimage`); a copy is
+    used, so the caller keeps its own.
+    """
+
+    def __init__(self, preset: dict[PathHandle, int] | None = None) -> None:
         self._by_key: dict[object, int] = {}
+        self.preset = preset or {}
 
     def fd(self, item: Data | PathHandle) -> int:
         if item not in self._by_key:
-            self._by_key[item] = self._open(item)
+            given = self.preset.get(item) if isinstance(item, PathHandle) else None
+            self._by_key[item] = self._open(item) if given is None else os.dup(given)
         return self._by_key[item]
 
     @staticmethod
@@ -168,7 +176,9 @@ class Launch:
     def __init__(self, sb: Sandbox, *, capture: bool, stdin: bytes | None, output_cap: int,
                  timeout_s: float | None, bwrap_path: str, host_hint: str = "",
                  extra_fds: Sequence[int] = (),
-                 cgroup: RunCgroup | None = None, watch: Watch | None = None) -> None:
+                 cgroup: RunCgroup | None = None, watch: Watch | None = None,
+                 mounts: ChildMounts | None = None,
+                 preset: dict[PathHandle, int] | None = None) -> None:
         self.sb = sb
         self.capture = capture
         self.stdin_data = stdin
@@ -179,7 +189,8 @@ class Launch:
         self.extra_fds = list(extra_fds)
         self.cgroup = cgroup  # bwrap starts inside it (see corral.cgroups)
         self.watch = watch  # disk and CPU-time checks while the run lives
-        self.handles = Handles()
+        self.mounts = mounts  # made by bwrap's child in a private mount namespace
+        self.handles = Handles(preset)
         self.fds: list[int] = []  # our own ends, closed by close()
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid1_fd: int | None = None
@@ -242,7 +253,7 @@ class Launch:
 
         self.started_at = time.monotonic()
         try:
-            self.proc = popen(None) if self.cgroup is None else self.cgroup.spawn(popen)
+            self.proc = self._spawn(popen)
         except OSError as e:
             raise LaunchError(f"cannot start {self.bwrap_path}", e.strerror or str(e),
                               "check the bwrap installation") from None
@@ -256,6 +267,46 @@ class Launch:
                 self._close(self.in_r)
         if self.terminal is not None:
             self.terminal.started(self._freezer())
+
+    def _spawn(self, popen: Callable[[Callable[[], None] | None], subprocess.Popen[bytes]]
+               ) -> subprocess.Popen[bytes]:
+        """Start bwrap; its child first joins the run's cgroups, then makes its mounts.
+
+        Both happen between fork and exec, in the child alone (see corral.cgroups and
+        corral.mountns); a failed step fails the child before exec, so nothing starts
+        unlimited or without its mounts.
+        """
+        steps = [self.cgroup.child_step()] if self.cgroup is not None else []
+        mounts = self._child_mounts()
+        if mounts is not None and mounts.wanted:
+            steps.append(mounts.step)
+        if not steps:
+            return popen(None)
+
+        def child() -> None:
+            for step in steps:
+                step()
+
+        try:
+            return popen(child)
+        except subprocess.SubprocessError as e:
+            raise HostError("bwrap could not be started inside the run's cgroup and mounts",
+                            str(e), "run 'corral doctor' to see what this host enforces"
+                            ) from None
+
+    def _child_mounts(self) -> ChildMounts | None:
+        """The caller's mounts, plus the bounded devpts any sandbox with ``ptys`` needs.
+
+        Made here, from the sandbox itself, so that no way of launching one can forget
+        it: bwrap would otherwise bind the host's own /dev/pts in its place.
+        """
+        if not self.sb.ptys:
+            return self.mounts
+        from .mountns import ChildMounts
+
+        mounts = self.mounts or ChildMounts(own_userns=not self.sb.root_mode)
+        mounts.bounded_devpts(self.sb.ptys)
+        return mounts
 
     def _freezer(self) -> tty.Freezer:
         """What ^Z freezes the run with: its v2 cgroup, root's v1 freezer, or signals."""
@@ -298,6 +349,9 @@ class Launch:
         proc_fd = os.pidfd_open(self.proc.pid)
         self.fds.append(proc_fd)
         sel.register(proc_fd, selectors.EVENT_READ)
+        watch_fd = self.watch.fileno() if self.watch is not None else None
+        if watch_fd is not None:
+            sel.register(watch_fd, selectors.EVENT_READ)
         deadline = None if self.timeout_s is None else self.started_at + self.timeout_s
         exited = False
         try:
@@ -322,7 +376,11 @@ class Launch:
                     continue
                 for key, _ in events:
                     fd = int(key.fd)
-                    if fd == proc_fd:
+                    if fd == watch_fd:
+                        sel.unregister(fd)
+                        if self.watch is not None and not exited:  # after exit: its finish()
+                            self._limit(self.watch.verdict())
+                    elif fd == proc_fd:
                         sel.unregister(fd)
                         exited = True
                         # Writers are all gone once bwrap is; drain, but do not wait forever.
@@ -357,7 +415,10 @@ class Launch:
 
     def _check_limits(self) -> None:
         assert self.watch is not None
-        status = self.watch.check()
+        self._limit(self.watch.check())
+
+    def _limit(self, status: str | None) -> None:
+        """End the run with ``status`` (unless corral already ended it for another limit)."""
         if status is not None and self.outcome.status not in LIMIT_STATUSES:
             self.outcome.status = status
             self.kill()
@@ -519,6 +580,9 @@ def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
     lines = [f"{bwrap_path} --args FD -- COMMAND  # FD holds these, NUL-separated:"]
     lines += ["  " + line for line in bwrap.render_lines(ops, fds)]
     lines.append("COMMAND: " + shlex.join(bwrap.command(sb, config_fd)))
+    if sb.ptys:
+        lines.append(f"# /dev/pts: a devpts with max={sb.ptys}, mounted by bwrap's child in "
+                     "a private mount namespace before it execs bwrap")
     for item, fd in fds.items.items():
         what = item.path if isinstance(item, PathHandle) else item.name
         lines.append(f"# fd {fd}: {what}")

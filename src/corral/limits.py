@@ -6,7 +6,8 @@ reads the kernel's counters back through :func:`usage`; :mod:`corral.watch`
 checks disk and CPU time while the run lives.  Where each limit is enforced:
 
     limit         cgroup v2                 cgroup v1                     no cgroup
-    memory        memory.max, swap.max 0    memory.limit_in_bytes, memsw  refused
+    memory        memory.max, swap.max 0    memory.limit_in_bytes, memsw, refused
+                                            kmem.tcp (one split budget)
     pids          pids.max                  pids.max                      refused
     cpus          cpu.max                   cpu.cfs_quota_us              refused
     cpu (time)    cpu.stat, watched         cpuacct.usage, watched        refused
@@ -32,16 +33,18 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from .errors import HostError
-from .policy import Limits
+from .policy import CORRAL_PIDS, Limits
 
 __all__ = ["Access", "Plan", "Usage", "describe", "doctor_rows", "plan", "requested", "usage",
            "verdict"]
 
 # Processes of corral's own in every run, added to the pids limit so that
 # ``--pids N`` leaves N to the command: bwrap, bwrap's PID 1 inside, corral's init.
-OVERHEAD_PIDS = 3
+OVERHEAD_PIDS = CORRAL_PIDS
 CFS_PERIOD_US = 100_000
 MIN_CFS_QUOTA_US = 1_000  # the kernel's floor
+PAGE = 4096
+TCP_SHARE_MAX = 64 << 20  # v1: socket buffers of one run, at most (see tcp_share)
 V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 # A run that asks for any cgroup-backed limit joins these wherever available, so that it
 # is metered (CPU time, peak memory, pids peak); "cpu" only when --cpus asks for it,
@@ -106,7 +109,7 @@ class Usage(NamedTuple):
     """What the kernel counted for one run's cgroup."""
 
     cpu_s: float | None = None  # user + system CPU time of every process of the run
-    peak_memory_bytes: int | None = None  # page cache and tmpfs pages included
+    peak_memory_bytes: int | None = None  # page cache, tmpfs pages, v1 socket buffers included
     oom_kills: int = 0  # processes the memory limit killed
     pids_peak: int | None = None  # most processes and threads at once, corral's 3 included
     pids_refused: int = 0  # forks refused at the pids limit
@@ -124,11 +127,12 @@ def _settings(limits: Limits, access: Access) -> list[tuple[str, str, str]]:
     memory, pids, cpus = limits.memory_bytes, limits.pids, limits.cpus
     if access.version == 1:
         if memory is not None:
-            out.append(("memory", "memory.limit_in_bytes", str(memory)))
-            out.append(("memory", "memory.memsw.limit_in_bytes", str(memory)) if access.memsw
-                       else ("memory", "memory.swappiness", "0"))
-            if access.tcp:  # v1 leaves TCP buffers uncharged unless this is written (v2 does)
-                out.append(("memory", "memory.kmem.tcp.limit_in_bytes", str(memory)))
+            tcp = tcp_share(memory) if access.tcp else 0
+            out.append(("memory", "memory.limit_in_bytes", str(memory - tcp)))
+            out.append(("memory", "memory.memsw.limit_in_bytes", str(memory - tcp))
+                       if access.memsw else ("memory", "memory.swappiness", "0"))
+            if tcp:
+                out.append(("memory", "memory.kmem.tcp.limit_in_bytes", str(tcp)))
         if pids is not None:
             out.append(("pids", "pids.max", str(pids + OVERHEAD_PIDS)))
         if cpus is not None:
@@ -144,6 +148,18 @@ def _settings(limits: Limits, access: Access) -> list[tuple[str, str, str]]:
         if cpus is not None:
             out.append(("cpu", "cpu.max", f"{cfs_quota(cpus)} {CFS_PERIOD_US}"))
     return out
+
+
+def tcp_share(memory: int) -> int:
+    """cgroup v1: the part of a run's memory budget its TCP socket buffers may use.
+
+    v1 counts socket buffers apart from memory (``memory.kmem.tcp.*``; v2
+    charges them to memory), so two limits of ``memory`` each would let a run
+    hold twice its budget.  The budget is split instead: the buffers get a
+    quarter of it, at most TCP_SHARE_MAX, and memory the rest.  Whole pages,
+    because the kernel keeps its limits in pages.
+    """
+    return min(memory // 4, TCP_SHARE_MAX) // PAGE * PAGE
 
 
 def cfs_quota(cpus: float) -> int:
@@ -209,6 +225,7 @@ def _int(text: str | None) -> int | None:
 # What to read for each version: (controller, file) pairs, read by corral.cgroups.
 USAGE_FILES = {
     1: (("cpuacct", "cpuacct.usage"), ("memory", "memory.max_usage_in_bytes"),
+        ("memory", "memory.kmem.tcp.max_usage_in_bytes"),
         ("memory", "memory.oom_control"), ("pids", "pids.peak"), ("pids", "pids.events")),
     2: (("cpuacct", "cpu.stat"), ("memory", "memory.peak"), ("memory", "memory.events"),
         ("pids", "pids.peak"), ("pids", "pids.events")),
@@ -222,7 +239,7 @@ def usage(version: int | None, read: Callable[[str, str], str | None]) -> Usage:
         ns = _int(read("cpuacct", "cpuacct.usage"))
         return Usage(
             cpu_s=None if ns is None else ns / 1e9,
-            peak_memory_bytes=_int(read("memory", "memory.max_usage_in_bytes")),
+            peak_memory_bytes=_v1_peak(read),
             oom_kills=_keyed(read("memory", "memory.oom_control")).get("oom_kill", 0),
             pids_peak=_int(read("pids", "pids.peak")),
             pids_refused=pids_events.get("max", 0))
@@ -235,6 +252,14 @@ def usage(version: int | None, read: Callable[[str, str], str | None]) -> Usage:
             pids_peak=_int(read("pids", "pids.peak")),
             pids_refused=pids_events.get("max", 0))
     return Usage()
+
+
+def _v1_peak(read: Callable[[str, str], str | None]) -> int | None:
+    """v1 peak: memory's and socket buffers' peaks added up (they share the budget; the sum
+    of two peaks is at least the peak of the sum)."""
+    memory = _int(read("memory", "memory.max_usage_in_bytes"))
+    tcp = _int(read("memory", "memory.kmem.tcp.max_usage_in_bytes"))
+    return None if memory is None else memory + (tcp or 0)
 
 
 def cpu_seconds(version: int | None, text: str | None) -> float | None:
@@ -288,8 +313,13 @@ def v2_delegated_base(own: str, mount: str, owner: Callable[[str], int | None], 
     return None if best is None else os.path.join(best, "corral")
 
 
-def doctor_rows(access: Access, limits: Limits) -> list[tuple[str, bool, str]]:
-    """(name, enforced, how) for ``corral doctor``; ``limits`` are the profile defaults."""
+def doctor_rows(access: Access, limits: Limits, image_why: str | None = "not probed",
+                bounded_ptys: bool = False) -> list[tuple[str, bool, str]]:
+    """(name, enforced, how) for ``corral doctor``; ``limits`` are the profile defaults.
+
+    ``image_why`` says why a fresh workspace cannot be an image of its own here (None:
+    it can); ``bounded_ptys``, whether a sandbox can have a devpts with ``max=``.
+    """
     def row(name: str, controller: str, how: str) -> tuple[str, bool, str]:
         base = access.base(controller)
         if base is None:
@@ -299,19 +329,28 @@ def doctor_rows(access: Access, limits: Limits) -> list[tuple[str, bool, str]]:
 
     swap = ("swap capped" if access.memsw or access.swap_max
             else "swap not accounted here, swappiness 0")
+    sockets = ("socket buffers charged to memory" if access.version == 2 else
+               "socket buffers share the budget (a quarter of it, at most 64 MiB)"
+               if access.tcp else "socket buffers not charged on this host")
     rows = [
-        row("memory-limit", "memory", f"memory controller, {swap}, tmpfs pages count"),
+        row("memory-limit", "memory", f"memory controller, {swap}, tmpfs pages count, "
+            f"{sockets}"),
         row("pids-limit", "pids", "pids controller"),
         row("cpu-bandwidth", "cpu", "cpu controller (--cpus)"),
         row("cpu-time-limit", "cpuacct", "the run's CPU time, checked every 100 ms "
             "(RLIMIT_CPU per process too)"),
-        ("disk-limit", True, "workspace watcher: every entry and open deleted file counted "
-         "(one block at least), checked every 25 ms or more; RLIMIT_FSIZE caps one file"),
+        _disk_row(image_why),
+        ("open-files", True, f"at most {limits.files} open files per run: RLIMIT_NOFILE is "
+         f"files / (pids + 3), {limits.process_nofile} per process in the shipped "
+         "profiles; files held only by a memory mapping are bounded only by the memory limit"),
+        ("ptys", True, "a devpts of the sandbox's own with max= (agent profiles: 64); runs "
+         "get none" if bounded_ptys else "no pseudo-terminals in any sandbox here: a devpts "
+         "with max= needs root or an unprivileged user namespace"),
         row("metering", "memory", "CPU time and peak memory read from the run's cgroup, "
             "for runs with a memory, pids, cpus or cpu limit (every shipped profile)"),
     ]
     needs = requested(limits)
-    if needs:
+    if needs:  # the shipped profiles' own limits
         missing = [n for n in needs if access.base(ENFORCED_BY[n][1]) is None]
         rows.append(("profile-defaults", not missing,
                      "the shipped profiles' limits are enforced here" if not missing else
@@ -319,3 +358,42 @@ def doctor_rows(access: Access, limits: Limits) -> list[tuple[str, bool, str]]:
                      f"unenforceable): {access.fix or 'no fix on this host'}, "
                      "or pass --allow unenforced-limits"))
     return rows
+
+
+def _disk_row(image_why: str | None) -> tuple[str, bool, str]:
+    if image_why is None:
+        return ("disk-limit", True, "file system cap: a fresh workspace is an ext4 image of "
+                "its own (limit + inputs + metadata), copied out after the run, so nothing "
+                "the run does takes more of the disk; a reused --workspace is measured")
+    return ("disk-limit", True, f"measured, not capped ({image_why}): every entry and "
+            "every thread's open deleted files counted, checked every 25 ms or more; a run "
+            "can exceed the limit by what it writes between two checks; RLIMIT_FSIZE caps "
+            "one file")
+
+
+# -- the disk cap: a size-capped file system image for a fresh workspace (root) ----------
+
+MKE2FS = ("/usr/sbin/mke2fs", "/sbin/mke2fs")  # fixed places: never a PATH lookup
+# One inode per 4 KiB block: the image runs out of inodes no sooner than of blocks, so
+# empty files cost a block each, as the watcher counts them.  ext4's inode tables take
+# 256/4096 of the image and its reserved clusters 2% (at most 16 MiB).
+IMAGE_BYTES_PER_INODE = 4096
+IMAGE_SLACK_DIVISOR = 8  # room for that metadata: an eighth of the capacity
+IMAGE_SLACK_MIN = 1 << 20
+
+
+def image_size(capacity: int) -> int:
+    """Bytes of an ext4 image whose free space is at least ``capacity``."""
+    size = capacity + capacity // IMAGE_SLACK_DIVISOR + IMAGE_SLACK_MIN
+    return -(-size // PAGE) * PAGE
+
+
+def mke2fs_argv(mke2fs: str, image: str, owner: tuple[int, int]) -> list[str]:
+    """An ext4 without a journal (nothing of it outlives the run's copy-out), no blocks
+    reserved for root, inode tables written lazily (the image stays sparse), its root
+    directory owned by the payload's uid."""
+    uid, gid = owner
+    return [mke2fs, "-q", "-F", "-t", "ext4", "-b", "4096", "-I", "256",
+            "-i", str(IMAGE_BYTES_PER_INODE), "-m", "0",
+            "-O", "^has_journal,^resize_inode",
+            "-E", f"lazy_itable_init=1,nodiscard,root_owner={uid}:{gid}", image]

@@ -25,6 +25,15 @@ _DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\Z")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 MiB = 1 << 20
+# Processes of corral's own in every run (bwrap, bwrap's PID 1 inside, corral's init): the
+# pids limit gets them on top, and they hold open files too.
+CORRAL_PIDS = 3
+# The fewest open files a process of a run may have once the run's budget is shared out:
+# interpreters, compilers and package managers open a few dozen.
+MIN_NOFILE = 64
+# At most this many pseudo-terminals per sandbox: kernel.pty.max (4096 by default, 1024 of
+# them kept for the host's own /dev/pts) is shared by every sandbox and container.
+MAX_PTYS = 256
 
 
 def parse_size(text: str | int, what: str = "size") -> int:
@@ -119,13 +128,37 @@ class Limits:
     cpus: float | None = None  # CPU bandwidth, in cores
     disk_bytes: int | None = None  # bytes the run may add to its workspace
     output_bytes: int = 8 * MiB  # captured stdout and stderr, each (--json and API capture)
-    nofile: int = 1024  # open files per process (RLIMIT_NOFILE)
+    nofile: int = 1024  # open files per process (RLIMIT_NOFILE), lowered to fit ``files``
+    files: int = 131072  # open files of the whole run: processes x RLIMIT_NOFILE at most
     fsize_bytes: int | None = 4096 * MiB  # largest file a process may write (RLIMIT_FSIZE)
     tmp_bytes: int = 512 * MiB  # size of the private /tmp
     shm_bytes: int = 64 * MiB  # size of the private /dev/shm
+    ptys: int = 0  # pseudo-terminals the run may open (its own devpts, max=); 0: none
 
     def __post_init__(self) -> None:
-        _positive(self, tuple(f.name for f in fields(self)))
+        _positive(self, tuple(f.name for f in fields(self) if f.name != "ptys"))
+        if isinstance(self.ptys, bool) or not 0 <= self.ptys <= MAX_PTYS:
+            raise UsageError(f"limit ptys = {self.ptys!r} must be between 0 and {MAX_PTYS}",
+                             "every sandbox's pseudo-terminals come from one kernel-wide pool",
+                             "give a small number, or 0 for none")
+        if self.process_nofile < MIN_NOFILE:
+            raise UsageError(
+                f"{self.pids} processes leave {self.process_nofile} open files each within "
+                f"the run's budget of {self.files}",
+                f"every process needs at least {MIN_NOFILE}, and processes x open files per "
+                "process is bounded so that one run cannot fill the kernel's file table",
+                "lower --pids, or raise [limits] files in the profile")
+
+    @property
+    def process_nofile(self) -> int:
+        """RLIMIT_NOFILE for each process: ``nofile``, lowered so that every process the
+        pids limit allows, corral's own included, holds at most ``files`` in all.
+
+        Without a pids limit, processes are not bounded, and neither are their files.
+        """
+        if self.pids is None:
+            return self.nofile
+        return min(self.nofile, self.files // (self.pids + CORRAL_PIDS))
 
 
 @dataclass(frozen=True, slots=True)

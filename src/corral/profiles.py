@@ -8,7 +8,7 @@ Schema (every key optional)::
 
     description = "one line"
     [limits]      timeout, cpu (durations); memory, disk, output, fsize, tmp, shm (sizes);
-                  pids, nofile (integers); cpus (number); "none" switches off an
+                  pids, nofile, files, ptys (integers); cpus (number); "none" switches off an
                   optional limit (timeout, cpu, memory, pids, cpus, disk, fsize)
     [env]         set = { NAME = "value" }   pass = ["NAME"]
     [filesystem]  read_only, writable, hidden = ["/abs/path", "~/in/home"]
@@ -101,9 +101,9 @@ LIMITS: dict[str, tuple[str, Check]] = {
     "timeout": ("timeout_s", _optional(_duration)), "cpu": ("cpu_s", _optional(_duration)),
     "memory": ("memory_bytes", _optional(_size)), "pids": ("pids", _optional(_int)),
     "cpus": ("cpus", _optional(_number)), "disk": ("disk_bytes", _optional(_size)),
-    "output": ("output_bytes", _size), "nofile": ("nofile", _int),
+    "output": ("output_bytes", _size), "nofile": ("nofile", _int), "files": ("files", _int),
     "fsize": ("fsize_bytes", _optional(_size)), "tmp": ("tmp_bytes", _size),
-    "shm": ("shm_bytes", _size),
+    "shm": ("shm_bytes", _size), "ptys": ("ptys", _int),
 }
 SECTIONS: dict[str, dict[str, Check] | Check] = {
     "description": _str,

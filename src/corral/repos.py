@@ -45,8 +45,8 @@ from .guard import Finding
 from .locate import Landing, Roots, land
 
 __all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "gather", "git_findings", "gitfile_target",
-           "global_config", "global_paths", "hook_folders", "is_git_dir", "protect",
-           "valid_head"]
+           "global_config", "global_paths", "holds_git_dir", "hook_folders", "is_git_dir",
+           "protect", "valid_head"]
 
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
 CREATED = ("hooks", "modules", "worktrees")  # made to exist, so that they can be read-only
@@ -94,6 +94,14 @@ def valid_head(tree: fsops.Tree, rel: str) -> bool:
     word = text.split(b"\n", 1)[0].strip()
     return text.startswith(b"ref:") or (len(word) in (40, 64) and all(
         c in b"0123456789abcdefABCDEF" for c in word))
+
+
+def holds_git_dir(tree: fsops.Tree, rel: str) -> bool:
+    """:func:`is_git_dir` for the directory ``rel``, by its marker names alone (no listing:
+    for walks that see a large directory a part at a time)."""
+    names = {n for n in ("HEAD", "commondir", "objects", "refs")
+             if tree.lstat(f"{rel}/{n}" if rel else n) is not None}
+    return is_git_dir(names)
 
 
 def _control(scope: Scope, tree: fsops.Tree, rel: str, reason: str) -> Finding | None:

@@ -224,7 +224,8 @@ def init_config(policy: Policy, host: HostFacts, uid: int, gid: int,
                 writable: Sequence[str]) -> dict[str, Any]:
     """The JSON the in-sandbox init reads (the launcher adds descriptor numbers)."""
     lim = policy.limits
-    rlimits: dict[str, list[int]] = {"nofile": [lim.nofile, lim.nofile], "core": [0, 0]}
+    nofile = lim.process_nofile  # processes x nofile stays within the run's file budget
+    rlimits: dict[str, list[int]] = {"nofile": [nofile, nofile], "core": [0, 0]}
     # The disk limit caps any single file too: the watcher need not catch one big file.
     fsize = min((v for v in (lim.fsize_bytes, lim.disk_bytes) if v is not None), default=None)
     if fsize is not None:
@@ -241,6 +242,16 @@ def init_config(policy: Policy, host: HostFacts, uid: int, gid: int,
         "landlock": {"rules": rules, "min_abi": 1, "best_effort": policy.allow.no_landlock,
                      "scope": True},
     }
+
+
+def pty_bound(policy: Policy, host: HostFacts) -> int:
+    """How many pseudo-terminals the sandbox gets: the policy's ``ptys`` where bwrap's child
+    can mount a devpts of that size (root; a plain user who may make a user namespace),
+    else none.  Either way one run cannot take the kernel's whole pool."""
+    from .mountns import can_mount_devpts  # ctypes: only runs that want ptys pay for it
+
+    wanted = policy.limits.ptys
+    return wanted if wanted and can_mount_devpts(not host.is_root) else 0
 
 
 def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace: str,
@@ -284,6 +295,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
     modes = dir_modes([m.dest for m in base], uid, gid,
                       traverse=[*prefixes, *policy.read_only])
     config, program = kernel_layers(policy, host, uid, gid, [WORKDIR])
+    ptys = pty_bound(policy, host)
     return Sandbox(
         argv=command.argv,
         init_python=host.python,
@@ -296,8 +308,9 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         mounts=tuple(run_mounts(
             usr_links, base, [Mount(workspace, WORKDIR, writable=True, by_fd=True)],
             _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes,
-            modes, masks)),
+            modes, masks, ptys)),
         env=_environment(policy, path, extra_env),
         chdir=WORKDIR,
         seccomp=program,
+        ptys=ptys,
     )

@@ -189,9 +189,10 @@ class Terminal:
             self.resize()
         elif signum == signal.SIGCONT:
             self._enter()  # continued by someone else than our own suspend
-        else:  # SIGTERM, SIGHUP: the terminal back first, then the default action
+        else:  # SIGTERM, SIGHUP: the terminal back first, then the signal's own end
             self.close()
-            signal.signal(signum, signal.SIG_DFL)
+            if not callable(signal.getsignal(signum)):  # else corral's (the CLI's) ends it
+                signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
     def close(self) -> None:

@@ -1,258 +1,214 @@
 """Limits the launcher checks while a run lives: workspace disk use and whole-run CPU time.
 
-Disk.  No mechanism that a plain user can set up caps a directory's size
-on an ordinary file system, so the launcher measures what the run added to
-its workspace and kills the run when it passes ``disk_bytes`` (status
-``disk-limit``); the files stay.  The measure counts every entry under the
-workspace once per inode, at least one block each (so a flood of empty
-files or directories counts too), plus regular files on the workspace's file
-system that the run's processes hold open after deleting them.  The bound
-this gives: the run can exceed the limit by what it writes between two
-checks.  Checks are every 25 ms, or 20 times what a measurement takes when
-that is longer (so watching costs about 5% of one core at most), up to 5 s
-apart.  RLIMIT_FSIZE (set to at most the disk limit by the init) stops
-any single file at the limit.  A tree deeper than ``MAX_DEPTH`` or a
-directory that cannot be read even after the launcher restores its owner
-permissions counts as over the limit: what cannot be measured is refused.
+Disk.  Started by root, a fresh workspace is a file system image
+(:mod:`corral.diskimage`) that caps the run by construction; the watcher reads
+its use with ``statvfs`` (exact, constant-time) every 25 ms and ends the run
+(status ``disk-limit``) once it added more than ``disk_bytes`` or filled the
+image.  Elsewhere (a plain user; a reused ``--workspace``; a host without loop
+devices) the watcher measures (:mod:`corral.diskuse`) and ends the run over
+the limit or when the workspace cannot be measured; then the run can exceed
+the limit by what it writes between two checks.  Checks are every 25 ms, or
+20 times what a measurement takes when that is longer (so watching costs
+about 5% of one core at most), up to 5 s apart.  RLIMIT_FSIZE (set to at
+most the disk limit by the init) stops any single file at the limit.
+
+Disk checks run in a thread of their own, so a slow measurement never delays
+the supervision loop (the timeout, the output cap); the thread wakes the loop
+through :meth:`Watch.fileno` when the run must end.  What the record says
+about use is a lower bound whenever a measurement stopped early.
 
 CPU time.  RLIMIT_CPU is per process and a forking payload defeats it
-(DESIGN fact 12), so the launcher also reads the run's cgroup CPU time
-every 100 ms and ends the run once it is over ``cpu_s`` (status
-``timeout``).
+(DESIGN fact 12), so the supervision loop also reads the run's cgroup CPU
+time every 100 ms (:meth:`due`, :meth:`check`: one small read) and ends the
+run once it is over ``cpu_s`` (status ``timeout``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
-import stat
+import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-__all__ = ["DiskUse", "Watch", "measure"]
+from .diskuse import Stopped, Unmeasurable, measure
+from .errors import UsageError
 
-BLOCK = 4096  # every entry costs at least this much
-MAX_DEPTH = 200
+if TYPE_CHECKING:
+    from .diskimage import Image
+
+__all__ = ["Watch"]
+
 MIN_INTERVAL_S = 0.025
 MAX_INTERVAL_S = 5.0
 COST_FACTOR = 20  # next check after this many times the last measurement's duration
 CPU_INTERVAL_S = 0.1
-DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
-class Unmeasurable(Exception):
-    """Part of the workspace cannot be measured; treated as over the limit."""
-
-
-@dataclass(slots=True)
-class DiskUse:
-    """One measurement of a workspace."""
-
-    bytes: int = 0
-    complete: bool = True  # False when the walk stopped early, already over ``stop_at``
-    seen: set[tuple[int, int]] = field(default_factory=set)
-
-
-def _open_dir(name: str, parent: int, restore: bool) -> int:
-    """Open a directory of the workspace to list it (``parent`` None: ``name`` is the top).
-
-    A plain user's payload has the launcher's uid and may chmod a directory it
-    owns so that its owner can neither list nor search it.  With ``restore``
-    the owner's rights come back, through a handle that cannot be a symlink.
-    """
-    try:
-        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-        if not restore or os.fstat(fd).st_mode & stat.S_IRWXU == stat.S_IRWXU:
-            return fd
-        os.close(fd)
-    except PermissionError:
-        if not restore:
-            raise Unmeasurable(f"cannot read directory {name!r}") from None
-    handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
-                     dir_fd=parent)
-    try:
-        mode = os.stat(handle).st_mode
-        os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(mode) | stat.S_IRWXU)
-        return os.open(name, DIR_FLAGS, dir_fd=parent)
-    except OSError:
-        raise Unmeasurable(f"cannot read directory {name!r}") from None
-    finally:
-        os.close(handle)
-
-
-def _cost(st: os.stat_result) -> int:
-    return max(st.st_blocks * 512, BLOCK)
-
-
-def _walk(root: str, use: DiskUse, stop_at: int, restore: bool) -> None:
-    """Add every entry under ``root``; return early once ``use.bytes`` passes ``stop_at``."""
-    parent = os.open(os.path.dirname(root) or "/", DIR_FLAGS)
-    try:
-        top = _open_dir(os.path.basename(root), parent, restore)
-    finally:
-        os.close(parent)
-    stack: list[tuple[int, list[str]]] = []
-    try:
-        stack.append((top, os.listdir(top)))
-        while stack:
-            fd, names = stack[-1]
-            if not names:
-                os.close(stack.pop()[0])
-                continue
-            name = names.pop()
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if (st.st_dev, st.st_ino) in use.seen:
-                continue
-            use.seen.add((st.st_dev, st.st_ino))
-            use.bytes += _cost(st)
-            if use.bytes > stop_at:
-                use.complete = False
-                return
-            if stat.S_ISDIR(st.st_mode):
-                if len(stack) >= MAX_DEPTH:
-                    raise Unmeasurable(f"directories nested deeper than {MAX_DEPTH}")
-                try:
-                    sub = _open_dir(name, fd, restore)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue  # renamed or replaced since the stat: the next check sees it
-                except OSError as e:
-                    if e.errno != errno.ELOOP:  # replaced by a symlink, which is not followed
-                        raise
-                    continue
-                try:
-                    children = os.listdir(sub)
-                except OSError:
-                    os.close(sub)
-                    raise Unmeasurable(f"cannot list directory {name!r}") from None
-                stack.append((sub, children))
-    finally:
-        for fd, _ in stack:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-def _deleted_open_files(pids: Sequence[int], dev: int, use: DiskUse) -> None:
-    """Regular files on ``dev`` that the run's processes hold open after unlinking them."""
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                st = os.stat(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            key = (st.st_dev, st.st_ino)
-            if stat.S_ISREG(st.st_mode) and st.st_nlink == 0 and st.st_dev == dev \
-                    and key not in use.seen:
-                use.seen.add(key)
-                use.bytes += _cost(st)
-
-
-def measure(root: str, *, pids: Sequence[int] = (), stop_at: int = 1 << 62,
-            restore: bool = False) -> DiskUse:
-    """How much of the disk ``root`` and the files ``pids`` hold open take up.
-
-    Raises :class:`Unmeasurable` when part of it cannot be read.
-    """
-    use = DiskUse()
-    _walk(root, use, stop_at, restore)
-    if use.complete:
-        _deleted_open_files(pids, os.stat(root).st_dev, use)
-    return use
 
 
 class Watch:
-    """Periodic checks for :class:`corral.launch.Launch`: :meth:`due`, then :meth:`check`."""
+    """Checks for :class:`corral.launch.Launch`: :meth:`start`, then :meth:`due` and
+    :meth:`check` from the loop, :meth:`fileno` readable on a disk verdict; always
+    :meth:`stop`; then :meth:`finish` for a last look."""
 
     def __init__(self, *, workspace: str, disk_bytes: int | None, cpu_s: float | None,
                  pids: Callable[[], list[int]] | None = None,
                  cpu_used: Callable[[], float | None] | None = None,
-                 restore: bool = False) -> None:
+                 restore: bool = False, image: Image | None = None) -> None:
         self.workspace = workspace
         self.disk_bytes = disk_bytes
         self.cpu_s = cpu_s if cpu_used is not None else None
         self.pids = pids or list
         self.cpu_used = cpu_used
         self.restore = restore  # a plain user's launcher may chmod u+rwx what it cannot read
+        self.image = image  # the workspace's own file system, when it has one
         self.baseline = 0
         self.added: int | None = None
+        self.exact = True  # False: ``added`` is a lower bound
         self.limit_hit: str | None = None  # "disk" or "cpu"
         self.note = ""
-        self.next_disk = self.next_cpu = 0.0
-        self.last_cost = 0.0  # seconds the previous measurement took
+        self.next_cpu = 0.0
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.wake_r = self.wake_w = -1
+
+    # -- the loop's side -----------------------------------------------------------
 
     def start(self) -> None:
-        """Measure the workspace before the run: the limit is on what the run adds."""
+        """Measure the workspace before the run (the limit is on what the run adds), then
+        start the disk thread."""
         if self.disk_bytes is not None:
-            self.baseline = measure(self.workspace, restore=self.restore).bytes
-        now = time.monotonic()
-        self.next_disk = self.next_cpu = now + MIN_INTERVAL_S
+            self.baseline = self._baseline()
+            self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            self.thread = threading.Thread(target=self._disk_loop, name="corral-disk-watch",
+                                           daemon=True)
+            self.thread.start()
+        self.next_cpu = time.monotonic() + MIN_INTERVAL_S
+
+    def fileno(self) -> int | None:
+        """Readable once the disk thread has ended the run's right to go on."""
+        return self.wake_r if self.thread is not None else None
 
     def due(self) -> float | None:
-        times = [t for t, on in ((self.next_disk, self.disk_bytes is not None),
-                                 (self.next_cpu, self.cpu_s is not None)) if on]
-        return min(times) if times else None
+        return self.next_cpu if self.cpu_s is not None else None
 
     def check(self) -> str | None:
-        """The status to end the run with, or None while it is within its limits."""
+        """The status to end the run with for CPU time, or None while within the limit."""
         now = time.monotonic()
-        if self.cpu_s is not None and now >= self.next_cpu:
-            self.next_cpu = now + CPU_INTERVAL_S
-            if self._over_cpu():
-                return "timeout"
-        if self.disk_bytes is not None and now >= self.next_disk:
-            if self._over_disk():
-                return "disk-limit"
-            # The smaller of the last two costs: one slow walk (cold caches, a busy
-            # neighbour) must not stretch the interval, and the overshoot with it.
-            took = time.monotonic() - now
-            cost, self.last_cost = min(took, self.last_cost), took
-            self.next_disk = now + min(max(MIN_INTERVAL_S, COST_FACTOR * cost), MAX_INTERVAL_S)
-        return None
-
-    def _over_cpu(self) -> bool:
+        if self.cpu_s is None or now < self.next_cpu:
+            return None
+        self.next_cpu = now + CPU_INTERVAL_S
         used = self.cpu_used() if self.cpu_used else None
-        if used is None or self.cpu_s is None or used <= self.cpu_s:
-            return False
+        if used is None or used <= self.cpu_s:
+            return None
         self.limit_hit, self.note = "cpu", f"used {used:.2f}s of CPU time, limit {self.cpu_s:g}s"
-        return True
+        return "timeout"
 
-    def _over_disk(self) -> bool:
-        assert self.disk_bytes is not None
-        try:
-            use = measure(self.workspace, pids=self.pids(),
-                          stop_at=self.baseline + self.disk_bytes, restore=self.restore)
-        except Unmeasurable as e:
-            self.limit_hit, self.note = "disk", f"workspace cannot be measured: {e}"
-            return True
-        except OSError as e:
-            self.limit_hit, self.note = "disk", f"workspace cannot be measured: {e.strerror}"
-            return True
-        self.added = use.bytes - self.baseline
-        if use.complete and self.added <= self.disk_bytes:
-            return False
-        self.limit_hit = "disk"
-        self.note = f"the run added more than {self.disk_bytes} bytes to its workspace"
-        return True
+    def verdict(self) -> str | None:
+        """After :meth:`fileno` became readable: the status to end the run with."""
+        return "disk-limit" if self.limit_hit == "disk" else None
+
+    def stop(self) -> None:
+        """End the disk thread (promptly: a measurement looks at the flag as it goes)."""
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join()
+        for fd in (self.wake_r, self.wake_w):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.wake_r = self.wake_w = -1
 
     def finish(self) -> str | None:
         """A last look after the run: "disk-limit" if what it left is over the limit."""
-        if self.disk_bytes is None or self.limit_hit is not None:
-            return "disk-limit" if self.limit_hit == "disk" else None
-        return "disk-limit" if self._over_disk() else None
+        if self.disk_bytes is None:
+            return None
+        if self.limit_hit is None:
+            self._over_disk(final=True)
+        elif self.image is not None:
+            self._image_over()  # the exact figure, for the record
+        return "disk-limit" if self.limit_hit == "disk" else None
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {}
         if self.disk_bytes is not None:
             out["workspace_bytes_added"] = self.added
+            out["workspace_bytes_added_is"] = "exact" if self.exact else "at least"
+            if self.image is not None:
+                out.update(self.image.describe())
+            else:
+                out["disk_enforcement"] = "observed"
         if self.limit_hit:
             out["limit_hit"] = self.limit_hit
             out["limit_note"] = self.note
         return out
+
+    # -- the disk thread -------------------------------------------------------------
+
+    def _baseline(self) -> int:
+        if self.image is not None:
+            return self.image.used()[0]
+        try:
+            return measure(self.workspace, restore=self.restore).bytes
+        except (Unmeasurable, OSError) as e:
+            raise UsageError(f"workspace {self.workspace} cannot be measured for the disk "
+                             f"limit ({e})", "what cannot be measured cannot be bounded",
+                             "use a fresh workspace, or drop the disk limit") from None
+
+    def _disk_loop(self) -> None:
+        # The next check waits on the smaller of the last two costs: one slow walk (cold
+        # caches, a busy neighbour) must not stretch the interval, and the overshoot with it.
+        costs = (0.0, 0.0)
+        while not self.stopping.wait(self._interval(min(costs))):
+            started = time.monotonic()
+            try:
+                over = self._over_disk(final=False)
+            except Stopped:
+                return
+            costs = (costs[1], time.monotonic() - started)
+            if over:
+                with contextlib.suppress(OSError):
+                    os.write(self.wake_w, b"!")
+                return
+
+    def _interval(self, cost: float) -> float:
+        if self.image is not None:
+            return MIN_INTERVAL_S
+        return min(max(MIN_INTERVAL_S, COST_FACTOR * cost), MAX_INTERVAL_S)
+
+    def _over_disk(self, final: bool) -> bool:
+        """Measure once; on a verdict, set ``limit_hit`` and ``note`` and return True."""
+        if self.image is not None:
+            return self._image_over()
+        assert self.disk_bytes is not None
+        try:
+            use = measure(self.workspace, pids=() if final else self.pids(),
+                          stop_at=self.baseline + self.disk_bytes, restore=self.restore,
+                          stop=None if final else self.stopping)
+        except Unmeasurable as e:
+            return self._hit(f"workspace cannot be measured: {e}")
+        except OSError as e:
+            return self._hit(f"workspace cannot be measured: {e.strerror}")
+        self.added, self.exact = use.bytes - self.baseline, use.complete
+        if use.complete:
+            return False
+        return self._hit(f"the run added more than {self.disk_bytes} bytes to its workspace")
+
+    def _image_over(self) -> bool:
+        assert self.image is not None and self.disk_bytes is not None
+        used, _, full = self.image.used()
+        self.added = used - self.baseline
+        if self.limit_hit is not None:
+            return True
+        if full:
+            return self._hit("the run filled its workspace's file system")
+        if self.added > self.disk_bytes:
+            return self._hit(f"the run added more than {self.disk_bytes} bytes to its "
+                             "workspace")
+        return False
+
+    def _hit(self, note: str) -> bool:
+        if self.image is None:
+            self.exact = False
+        self.limit_hit, self.note = "disk", note
+        return True

@@ -34,6 +34,7 @@ MAX_DEPTH = 256  # levels: one descriptor each is open during the walk
 MAX_PATH_BYTES = 32 << 20  # path names walked, in all: long names must not exhaust memory
 MAX_LISTED_BYTES = 4 << 20  # path names listed in the record and the result
 MAX_HASHED = 1 << 30  # bytes hashed per collection; beyond it sha256 is null
+BLOCK = 4096  # what an entry costs on disk at least
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
@@ -93,6 +94,20 @@ def check_inputs(inputs: Sequence[str]) -> list[str]:
             raise UsageError(f"input {item} has no usable name", "", "name a file or directory")
         checked.append(path)
     return checked
+
+
+def input_bytes(inputs: Sequence[str]) -> int:
+    """What ``inputs`` take on disk, at least a block per entry (links never followed)."""
+    total = 0
+    for src in inputs:
+        todo = [src]
+        while todo:
+            path = todo.pop()
+            st = os.lstat(path)
+            total += max(st.st_blocks * 512, BLOCK)
+            if stat.S_ISDIR(st.st_mode):
+                todo.extend(os.path.join(path, name) for name in os.listdir(path))
+    return total
 
 
 def prepare(runs_dir: str, workspace: str | None, inputs: Sequence[str],

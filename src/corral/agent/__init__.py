@@ -98,6 +98,7 @@ class Layout(NamedTuple):
     notes: tuple[str, ...] = ()  # what preparing the agent's state did or skipped
     modes: tuple[tuple[str, int], ...] = ()  # folders bwrap makes, and their modes inside
     hooks: tuple[str, ...] = ()  # the global config's relative core.hooksPath (the audit's)
+    ptys: int = 0  # the sandbox's own devpts holds at most this many (0: no ptys)
 
     def entries(self) -> list[Entry]:
         """The whole layout, for ``--dry-run``: what is writable, read-only, hidden, and why."""
@@ -128,7 +129,7 @@ def agent_mounts(layout: Layout) -> list[Op]:
         size = layout.tmp_bytes if tree in SCRATCH else None
         ops.append(Tmpfs(tree, size, 0o1777 if size else modes.get(tree, 0o755)))
     ops += [RoData(Data(path, b""), path, 0o444) for path in layout.hidden_files]
-    ops += kernel_filesystems(layout.shm_bytes)
+    ops += kernel_filesystems(layout.shm_bytes, layout.ptys)
     for e in layout.read_only:
         ops.extend(parents(e.path, made, modes))
         made.add(e.path)
@@ -358,7 +359,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),
         read_only=tuple(read_only), writable=all_writable, findings=tuple(findings),
         tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes,
-        notes=tuple(notes), modes=tuple(modes.items()), hooks=hooks)
+        notes=tuple(notes), modes=tuple(modes.items()), hooks=hooks,
+        ptys=resolve.pty_bound(policy, host))
     config, seccomp_program = resolve.kernel_layers(policy, host, uid, gid,
                                                     [*(e.path for e in layout.writable),
                                                      "/var/tmp"])
@@ -374,6 +376,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         env=_environment(policy, home, user, search, extra_env),
         chdir=project,
         seccomp=seccomp_program,
+        ptys=layout.ptys,
     ), layout
 
 

@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .. import api, execute, fsops, host, resolve, watch, workspace
+from .. import api, diskuse, execute, fsops, host, resolve, workspace
 from ..errors import UsageError
 from ..policy import Policy, check_path
 from ..request import RunRequest
@@ -83,8 +83,8 @@ class Session:
         try:
             # A plain user's payload may have locked its owner out of a directory: the
             # measure gives the owner's rights back, as the run's own watch does.
-            return watch.measure(self.workspace, restore=self.owner is None).bytes
-        except (watch.Unmeasurable, OSError) as e:
+            return diskuse.measure(self.workspace, restore=self.owner is None).bytes
+        except (diskuse.Unmeasurable, OSError) as e:
             raise UsageError("the session's workspace cannot be measured", str(e),
                              "remove what the run left unreadable, or start a new session"
                              ) from None

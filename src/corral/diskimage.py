@@ -1,0 +1,139 @@
+"""A workspace whose file system caps it: one ext4 image per run, for runs started by root.
+
+The disk limit holds by construction: whatever the payload does (``fallocate``,
+files deleted while open, hard links by the million, empty files), it cannot
+take more of the host's disk than the image's size, because everything it
+writes lands in the image.  Lifecycle, owned by :mod:`corral.enforce`:
+
+1. :meth:`Image.create`: a sparse file ``RUNS/<run-id>/work.img`` (the run
+   directory is the launcher's own, mode 0700), ``mke2fs`` (argv from
+   :func:`corral.limits.mke2fs_argv`), a loop device that detaches itself,
+   and a *detached* mount of it (:func:`corral.mountns.mount_fs`): on the host
+   it exists only as the launcher's descriptor.  Inputs are copied in through
+   that descriptor.
+2. The run: bwrap's child moves the mount over ``RUNS/<run-id>/work`` in a
+   private mount namespace (:class:`corral.mountns.ChildMounts`), and bwrap
+   binds it at ``/work`` as it would the plain directory.
+3. While it runs, :meth:`used` (``statvfs``, exact and constant-time) tells the
+   watcher how much the run added.
+4. After the run, on every exit path: :meth:`export` copies the tree out into
+   ``RUNS/<run-id>/work`` (:mod:`corral.export`); :meth:`close` lets go of the
+   mount (the kernel then unmounts it and frees the loop device) and deletes
+   the image, unless the export was incomplete: then the image stays, and the
+   record says so.
+
+If corral itself is killed (SIGKILL), the kernel still unmounts and frees
+everything; only the image file remains in the run directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import subprocess
+
+from . import limits, mountns
+from .export import Exported, export
+
+__all__ = ["Image", "unavailable"]
+
+MKE2FS_TIMEOUT_S = 60.0
+
+
+def _mke2fs() -> str | None:
+    return next((p for p in limits.MKE2FS if os.access(p, os.X_OK)), None)
+
+
+@functools.cache
+def unavailable(is_root: bool) -> str | None:
+    """Why a run's workspace cannot have an image here, or None when it can."""
+    if not is_root:
+        return "only root may mount a file system image"
+    if not os.path.exists("/dev/loop-control"):
+        return "this host has no loop devices (/dev/loop-control)"
+    if _mke2fs() is None:
+        return "mke2fs is not installed (e2fsprogs)"
+    try:
+        os.close(mountns.fs_context("ext4"))
+    except OSError as e:
+        return f"this kernel cannot make detached mounts (fsopen: {e.strerror})"
+    return None
+
+
+class Image:
+    """One run's workspace file system: :meth:`create`, then always :meth:`close`."""
+
+    def __init__(self, path: str, capacity: int, owner: tuple[int, int]) -> None:
+        self.path = path
+        self.capacity = capacity  # free bytes the run starts with, at least
+        self.size = limits.image_size(capacity)
+        self.owner = owner
+        self.mount_fd: int | None = None
+        self.exported: Exported | None = None
+
+    def create(self) -> None:
+        """Raises OSError (or SubprocessError) when the host will not make it."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        try:
+            os.ftruncate(fd, self.size)  # sparse: the host's disk holds only what is written
+        finally:
+            os.close(fd)
+        mke2fs = _mke2fs()
+        assert mke2fs is not None  # checked by unavailable()
+        subprocess.run(limits.mke2fs_argv(mke2fs, self.path, self.owner), env={},
+                       stdin=subprocess.DEVNULL, capture_output=True, check=True,
+                       timeout=MKE2FS_TIMEOUT_S)
+        device, dev = mountns.attach_loop(self.path)
+        try:
+            # noinit_itable: the kernel would otherwise zero the inode tables mke2fs left
+            # for later, in the background, writing them out into the sparse image.
+            self.mount_fd = mountns.mount_fs("ext4", device, ("noinit_itable",))
+        finally:
+            os.close(dev)  # the mount holds the device now; autoclear frees it after
+        os.rmdir("lost+found", dir_fd=self.mount_fd)  # root's; nothing of the run's
+
+    def root(self) -> int:
+        """A readable descriptor of the image's root directory (the caller closes it)."""
+        assert self.mount_fd is not None
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self.mount_fd)
+
+    def used(self) -> tuple[int, int, bool]:
+        """(bytes in use, inodes in use, full): exact, whatever the payload did."""
+        assert self.mount_fd is not None
+        st = os.statvfs(f"/proc/self/fd/{self.mount_fd}")
+        full = st.f_bavail == 0 or st.f_favail == 0
+        return (st.f_blocks - st.f_bfree) * st.f_frsize, st.f_files - st.f_ffree, full
+
+    def export(self, dest: str) -> Exported:
+        """Copy the whole tree into ``dest`` (empty, the launcher's own)."""
+        root = self.root()
+        try:
+            self.exported = export(root, dest, self.owner, self.size)
+        finally:
+            os.close(root)
+        return self.exported
+
+    def close(self) -> None:
+        """Delete the image unless its export was incomplete, and let go of the mount.
+
+        The name goes first: the loop device keeps the file until the kernel has
+        unmounted it, and if corral dies in between nothing is left behind.
+        """
+        if self.exported is None or self.exported.complete:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+        if self.mount_fd is not None:
+            os.close(self.mount_fd)
+            self.mount_fd = None
+
+    def describe(self) -> dict[str, object]:
+        out: dict[str, object] = {"disk_enforcement": "file system", "image_bytes": self.size,
+                                  "image_capacity_bytes": self.capacity}
+        if self.exported is not None:
+            out["exported_entries"] = self.exported.entries
+            if not self.exported.complete:
+                out["export_incomplete"] = self.exported.why
+                out["image"] = self.path  # mount -o loop,ro IMAGE DIR to read the rest
+        return out

@@ -1,0 +1,319 @@
+"""How much of the disk a workspace and the run's open files take, where no file system caps it.
+
+No mechanism a plain user can set up caps a directory's size on an ordinary
+file system, so the watcher (:mod:`corral.watch`) measures.  One measurement
+counts every entry under the workspace once per inode, at least one block
+each (so a flood of empty files or directories counts too), plus regular
+files on the workspace's file system that the run's processes hold open
+after deleting them.  Those are found in every thread's descriptor table
+(``/proc/PID/task/TID/fd``): a thread can have a table of its own
+(``unshare(CLONE_FILES)``), and a leader that called ``SYS_exit`` shows an
+empty ``/proc/PID/fd`` while its other threads hold everything.
+
+What cannot be measured is refused (:class:`Unmeasurable`, which ends the
+run): a tree deeper than ``MAX_DEPTH``; a directory that cannot be read even
+after the launcher restores its owner's rights; a descriptor table the
+launcher may not read (a plain user's payload that made itself non-dumpable:
+the kernel then hides it from its own uid).  corral's own processes in the
+sandbox (bwrap's PID 1 and corral's init, which is not dumpable on purpose)
+are known by their pid inside the sandbox, 1 and 2, and skipped.
+
+Every measurement is bounded: ``MAX_ENTRIES`` names and descriptors,
+``MAX_LINKED`` hard-linked files remembered, ``MAX_SECONDS`` of wall time;
+past a bound it is refused too.  Memory stays small whatever the workspace
+holds: directories are read in chunks (``scandir``), never listed whole, and
+only files with several links are remembered, by inode number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+__all__ = ["BLOCK", "DiskUse", "Stopped", "Unmeasurable", "descendants", "measure"]
+
+BLOCK = 4096  # every entry costs at least this much
+MAX_DEPTH = 200
+MAX_ENTRIES = 1_000_000
+MAX_LINKED = 262_144
+MAX_SECONDS = 60.0
+MAX_PROCESSES = 65_536  # processes found by walking the tree (no cgroup to list them)
+TICK = 1024  # entries between looks at the clock and the stop flag
+# An unreadable table is looked at again after these pauses before it is refused: a task
+# is briefly unreadable while it exits (its memory is gone before its files), and a child
+# of corral's init until it makes itself dumpable again; on a loaded machine either can
+# take a while.  A payload that stays unreadable is refused about two seconds later.
+UNREADABLE_RETRIES_S = (0.05, 0.25, 0.7, 1.0)
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+OWN_NS_PIDS = (1, 2)  # bwrap's PID 1 and corral's init, inside the sandbox's PID namespace
+
+
+class Unmeasurable(Exception):
+    """Part of the workspace cannot be measured; treated as over the limit."""
+
+
+class Stopped(Exception):
+    """The measurement was called off: the run is over."""
+
+
+@dataclass(slots=True)
+class DiskUse:
+    """One measurement of a workspace."""
+
+    bytes: int = 0
+    complete: bool = True  # False when it stopped early, already over ``stop_at``
+    entries: int = 0
+
+
+class _Budget:
+    """Counts the work of one measurement and stops it at its bounds or when told to."""
+
+    def __init__(self, stop: threading.Event | None) -> None:
+        self.stop = stop
+        self.entries = 0
+        self.deadline = time.monotonic() + MAX_SECONDS
+
+    def tick(self) -> None:
+        self.entries += 1
+        if self.entries % TICK:
+            return
+        if self.stop is not None and self.stop.is_set():
+            raise Stopped
+        if self.entries > MAX_ENTRIES:
+            raise Unmeasurable(f"more than {MAX_ENTRIES} entries and open files to look at")
+        if time.monotonic() > self.deadline:
+            raise Unmeasurable(f"one measurement took more than {MAX_SECONDS:g} s")
+
+
+class _Counter:
+    def __init__(self, use: DiskUse, stop_at: int, budget: _Budget) -> None:
+        self.use = use
+        self.stop_at = stop_at
+        self.budget = budget
+        self.linked: set[int] = set()  # inodes with several links, counted once
+
+    def add(self, st: os.stat_result) -> bool:
+        """Count ``st`` (once per inode); False once over ``stop_at``."""
+        self.budget.tick()
+        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+            if st.st_ino in self.linked:
+                return True
+            if len(self.linked) >= MAX_LINKED:
+                raise Unmeasurable(f"more than {MAX_LINKED} files with several hard links")
+            self.linked.add(st.st_ino)
+        self.use.bytes += max(st.st_blocks * 512, BLOCK)
+        if self.use.bytes > self.stop_at:
+            self.use.complete = False
+            return False
+        return True
+
+
+def _open_dir(name: str, parent: int, restore: bool) -> int:
+    """Open a directory of the workspace to list it.
+
+    A plain user's payload has the launcher's uid and may chmod a directory it
+    owns so that its owner can neither list nor search it.  With ``restore``
+    the owner's rights come back, through a handle that cannot be a symlink.
+    """
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=parent)
+        if not restore or os.fstat(fd).st_mode & stat.S_IRWXU == stat.S_IRWXU:
+            return fd
+        os.close(fd)
+    except PermissionError:
+        if not restore:
+            raise Unmeasurable(f"cannot read directory {name!r}") from None
+    handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
+                     dir_fd=parent)
+    try:
+        mode = os.stat(handle).st_mode
+        os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(mode) | stat.S_IRWXU)
+        return os.open(name, DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        raise Unmeasurable(f"cannot read directory {name!r}") from None
+    finally:
+        os.close(handle)
+
+
+def _entries(fd: int) -> Iterator[str]:
+    """Names in directory ``fd``, read a chunk at a time (never a list of them all)."""
+    try:
+        with os.scandir(fd) as it:
+            for entry in it:
+                yield entry.name
+    except OSError:
+        raise Unmeasurable("cannot list a directory") from None
+
+
+def _walk(root: str, count: _Counter, restore: bool) -> None:
+    """Add every entry under ``root``; return early once over the counter's ``stop_at``."""
+    parent = os.open(os.path.dirname(root) or "/", DIR_FLAGS)
+    try:
+        top = _open_dir(os.path.basename(root), parent, restore)
+    finally:
+        os.close(parent)
+    stack: list[tuple[int, Iterator[str]]] = [(top, _entries(top))]
+    try:
+        while stack:
+            fd, names = stack[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(stack.pop()[0])
+                continue
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if not count.add(st):
+                return
+            if stat.S_ISDIR(st.st_mode):
+                sub = _enter(name, fd, restore, len(stack))
+                if sub is not None:
+                    stack.append((sub, _entries(sub)))
+    finally:
+        for fd, _ in stack:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _enter(name: str, parent: int, restore: bool, depth: int) -> int | None:
+    if depth >= MAX_DEPTH:
+        raise Unmeasurable(f"directories nested deeper than {MAX_DEPTH}")
+    try:
+        return _open_dir(name, parent, restore)
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # renamed or replaced since the stat: the next check sees it
+    except OSError as e:
+        if e.errno != errno.ELOOP:  # replaced by a symlink, which is not followed
+            raise
+        return None
+
+
+@functools.cache
+def _own_depth() -> int:
+    """How many PID namespaces deep the launcher is (sandboxes are one deeper)."""
+    return len(_nspid(os.getpid()) or (0,))
+
+
+def _nspid(pid: int) -> tuple[int, ...] | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return tuple(int(p) for p in line.split()[1:])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def corrals_own(pid: int) -> bool:
+    """bwrap's PID 1 or corral's init: pid 1 or 2 inside a sandbox's own PID namespace.
+
+    The payload cannot take those numbers: the init holds 2 for the whole run.
+    """
+    ns = _nspid(pid)
+    return ns is not None and len(ns) == _own_depth() + 1 and ns[-1] in OWN_NS_PIDS
+
+
+def _deleted_open_files(pids: Iterable[int], dev: int, count: _Counter) -> None:
+    """Regular files on ``dev`` that the run's threads hold open after unlinking them."""
+    seen: set[int] = set()
+    for pid in pids:
+        if corrals_own(pid):
+            continue
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # gone
+        for tid in tids:
+            for path in _fd_paths(pid, tid):
+                count.budget.tick()
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                if (stat.S_ISREG(st.st_mode) and st.st_nlink == 0 and st.st_dev == dev
+                        and st.st_ino not in seen):
+                    seen.add(st.st_ino)
+                    if not count.add(st):
+                        return
+
+
+def _fd_paths(pid: int, tid: str) -> list[str]:
+    """The descriptors of one thread, as /proc paths to stat.
+
+    The kernel hides a thread's table from its own uid when the process is not
+    dumpable, and shows a thread that has exited (a leader that called
+    ``SYS_exit`` stays, a zombie, while its other threads run) as root's: that
+    one holds nothing any more.  A table still unreadable after
+    ``UNREADABLE_RETRIES_S`` is refused.
+    """
+    fd_dir = f"/proc/{pid}/task/{tid}/fd"
+    for pause in (*UNREADABLE_RETRIES_S, None):
+        try:
+            return [f"{fd_dir}/{fd}" for fd in os.listdir(fd_dir)]
+        except PermissionError:
+            if corrals_own(pid) or _exited(pid, tid):
+                return []
+            if pause is None:
+                break
+            time.sleep(pause)
+        except OSError:
+            return []  # the thread or process is gone
+    raise Unmeasurable(f"the open files of process {pid} cannot be read (it is not "
+                       "dumpable)")
+
+
+def _exited(pid: int, tid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+            state = f.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in (b"Z", b"X")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it, from each thread's ``children`` list: every
+    process of a PID namespace descends from its PID 1.  A process that forks and exits
+    while this walks can be missed; the cgroup's own list (where there is one) cannot."""
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < MAX_PROCESSES:
+        p = todo.pop()
+        found.append(p)
+        try:
+            tids = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def measure(root: str, *, pids: Iterable[int] = (), stop_at: int = 1 << 62,
+            restore: bool = False, stop: threading.Event | None = None) -> DiskUse:
+    """How much of the disk ``root`` and the files ``pids`` hold open take up.
+
+    Raises :class:`Unmeasurable` when part of it cannot be measured, and
+    :class:`Stopped` when ``stop`` is set meanwhile.
+    """
+    use = DiskUse()
+    budget = _Budget(stop)
+    count = _Counter(use, stop_at, budget)
+    _walk(root, count, restore)
+    if use.complete:
+        _deleted_open_files(pids, os.stat(root).st_dev, count)
+    use.entries = budget.entries
+    return use

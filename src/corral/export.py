@@ -1,0 +1,176 @@
+"""Copying a run's workspace out of its image: an untrusted tree, read by descriptor.
+
+The source is the run's own file system (:mod:`corral.diskimage`), seen only
+through the launcher's descriptor of its root, after every process of the run
+is gone; it is read with the launcher's rights (a file the payload made
+unreadable is still copied).  Every source entry is opened beneath its
+parent's descriptor (:func:`corral.fsops.open_beneath`: never through a link,
+``O_NONBLOCK``, so a FIFO never blocks us) and type-checked after opening.
+The destination is a fresh directory under the launcher's private run
+directory, written through descriptors as the payload's owner
+(:func:`corral.fsops.acting_as`): everything there is theirs from birth.
+What is copied:
+
+* directories, regular files (only their data extents: a file with a huge
+  hole or an unwritten ``fallocate`` range stays sparse, so the copy never
+  takes more of the host's disk than the image held), symlinks (the target
+  string, never followed) and FIFOs;
+* hard links as hard links (copying each name would multiply the data);
+* permission bits without set-user-ID and set-group-ID, and modification times.
+
+Sockets and devices are skipped (the image is mounted ``nodev``).  Bounded by
+``MAX_ENTRIES`` names, ``MAX_DEPTH`` levels and the image's own size in
+bytes; past a bound, or when the host refuses a write, the export stops and
+says so, and the caller keeps the image.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from typing import NamedTuple
+
+from .fsops import acting_as, open_beneath
+
+__all__ = ["Exported", "export"]
+
+MAX_ENTRIES = 1_000_000
+MAX_DEPTH = 128  # three frames and three descriptors per level
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
+NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+CHUNK = 1 << 20
+
+
+class Exported(NamedTuple):
+    entries: int
+    bytes: int  # data copied
+    skipped: int  # sockets and devices
+    complete: bool
+    why: str = ""  # why not complete
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Export:
+    def __init__(self, dest_fd: int, owner: tuple[int, int], max_bytes: int) -> None:
+        self.dest_root = dest_fd
+        self.owner = owner
+        self.max_bytes = max_bytes
+        self.entries = self.bytes = self.skipped = 0
+        self.links: dict[int, str] = {}  # source inode -> first copy, relative to dest_root
+
+    def tree(self, src: int, dst: int, rel: str, depth: int) -> None:
+        if depth > MAX_DEPTH:
+            raise _Stop(f"directories nested deeper than {MAX_DEPTH}")
+        with os.scandir(src) as entries:
+            for entry in entries:
+                self.entries += 1
+                if self.entries > MAX_ENTRIES:
+                    raise _Stop(f"more than {MAX_ENTRIES} entries")
+                self.entry(src, dst, entry.name, f"{rel}/{entry.name}" if rel else entry.name,
+                           depth)
+
+    def entry(self, src: int, dst: int, name: str, rel: str, depth: int) -> None:
+        st = os.stat(name, dir_fd=src, follow_symlinks=False)
+        if stat.S_ISDIR(st.st_mode):
+            self.directory(src, dst, name, rel, depth, st)
+        elif stat.S_ISREG(st.st_mode):
+            first = self.links.get(st.st_ino) if st.st_nlink > 1 else None
+            if first is not None:
+                with acting_as(self.owner):
+                    os.link(first, name, src_dir_fd=self.dest_root, dst_dir_fd=dst,
+                            follow_symlinks=False)
+                return
+            self.file(src, dst, name, st)
+            if st.st_nlink > 1:
+                self.links[st.st_ino] = rel
+        elif stat.S_ISLNK(st.st_mode):
+            target = os.readlink(name, dir_fd=src)
+            with acting_as(self.owner):
+                os.symlink(target, name, dir_fd=dst)
+        elif stat.S_ISFIFO(st.st_mode):
+            with acting_as(self.owner):
+                os.mkfifo(name, stat.S_IMODE(st.st_mode) & 0o777, dir_fd=dst)
+        else:
+            self.skipped += 1
+
+    def directory(self, src: int, dst: int, name: str, rel: str, depth: int,
+                  st: os.stat_result) -> None:
+        with acting_as(self.owner):
+            os.mkdir(name, 0o700, dir_fd=dst)
+            sub_dst = os.open(name, DIR_FLAGS, dir_fd=dst)
+        try:
+            sub_src = open_beneath(src, name, DIR_FLAGS)
+            try:
+                if os.fstat(sub_src).st_ino != st.st_ino:
+                    raise _Stop(f"{rel} changed during the copy")
+                self.tree(sub_src, sub_dst, rel, depth + 1)
+                self.finish(sub_dst, st, stat.S_IMODE(st.st_mode) & 0o1777)
+            finally:
+                os.close(sub_src)
+        finally:
+            os.close(sub_dst)
+
+    def file(self, src: int, dst: int, name: str, st: os.stat_result) -> None:
+        fd = open_beneath(src, name, FILE_FLAGS)
+        try:
+            got = os.fstat(fd)
+            if not stat.S_ISREG(got.st_mode) or got.st_ino != st.st_ino:
+                raise _Stop(f"{name!r} changed during the copy")
+            with acting_as(self.owner):
+                out = os.open(name, NEW_FILE, 0o600, dir_fd=dst)
+            try:
+                self.data(fd, out, got.st_size)
+                self.finish(out, got, stat.S_IMODE(got.st_mode) & 0o777)
+            finally:
+                os.close(out)
+        finally:
+            os.close(fd)
+
+    def data(self, src: int, out: int, size: int) -> None:
+        """Copy the data extents only; holes stay holes."""
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(src, pos, os.SEEK_DATA)
+            except OSError:  # ENXIO: nothing but a hole from here on
+                break
+            end = os.lseek(src, start, os.SEEK_HOLE)
+            self.bytes += end - start
+            if self.bytes > self.max_bytes:
+                raise _Stop(f"more data than the image holds ({self.max_bytes} bytes)")
+            os.lseek(out, start, os.SEEK_SET)
+            while start < end:
+                sent = os.sendfile(out, src, start, min(CHUNK, end - start))
+                if sent == 0:
+                    break  # the source shrank meanwhile: nothing more to copy
+                start += sent
+            pos = end
+        os.ftruncate(out, size)
+
+    def finish(self, fd: int, st: os.stat_result, mode: int) -> None:
+        with acting_as(self.owner):
+            os.fchmod(fd, mode)
+            os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def export(src_root: int, dest: str, owner: tuple[int, int], max_bytes: int) -> Exported:
+    """Copy the tree under directory descriptor ``src_root`` into ``dest`` (an existing,
+    empty, trusted directory).  Never raises for what it finds: it stops and says why."""
+    dest_fd = os.open(dest, DIR_FLAGS)
+    job = _Export(dest_fd, owner, max_bytes)
+    why = ""
+    try:
+        job.tree(src_root, dest_fd, "", 0)
+    except _Stop as e:
+        why = str(e)
+    except OSError as e:
+        why = f"{e.filename or ''} {e.strerror or e}".strip()
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(dest_fd)
+    return Exported(job.entries, job.bytes, job.skipped, not why, why)

@@ -1,0 +1,209 @@
+"""The disk measure and its watcher (corral.diskuse, corral.watch): real files and real
+processes, no sandbox; tests/test_disk.py runs the same attacks in real sandboxes."""
+
+from __future__ import annotations
+
+import os
+import select
+import stat
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from corral import diskuse
+from corral.diskuse import BLOCK, MAX_DEPTH, Unmeasurable, measure
+from corral.watch import Watch
+
+
+def test_measure_counts_each_inode_once_and_every_entry_at_least_a_block(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"x" * 100_000)
+    os.link(tmp_path / "a", tmp_path / "hard")
+    (tmp_path / "link").symlink_to("/usr")  # never followed
+    for i in range(10):
+        (tmp_path / f"empty{i}").touch()
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    use = measure(str(tmp_path))
+    a_blocks = os.stat(tmp_path / "a").st_blocks * 512
+    assert use.bytes == a_blocks + BLOCK * (1 + 10 + 2)  # symlink, empty files, two dirs
+
+
+def test_measure_stops_early_once_over(tmp_path: Path) -> None:
+    for i in range(100):
+        (tmp_path / f"f{i}").touch()
+    use = measure(str(tmp_path), stop_at=10 * BLOCK)
+    assert not use.complete and use.bytes == 11 * BLOCK
+
+
+def test_measure_counts_open_deleted_files_of_given_processes(tmp_path: Path) -> None:
+    with open(tmp_path / "gone", "wb") as f:
+        f.write(b"y" * 1_000_000)
+        f.flush()
+        os.unlink(tmp_path / "gone")
+        assert measure(str(tmp_path)).bytes == 0  # control: the walk alone misses it
+        assert measure(str(tmp_path), pids=[os.getpid()]).bytes >= 1_000_000
+
+
+def test_measure_refuses_what_it_cannot_see(tmp_path: Path) -> None:
+    deep = tmp_path
+    for _ in range(MAX_DEPTH + 1):
+        deep = deep / "d"
+    deep.mkdir(parents=True)
+    with pytest.raises(Unmeasurable):
+        measure(str(tmp_path))
+
+
+def _verdict_within(watch: Watch, seconds: float) -> str | None:
+    fd = watch.fileno()
+    assert fd is not None
+    ready, _, _ = select.select([fd], [], [], seconds)
+    return watch.verdict() if ready else None
+
+
+def test_watch_reports_disk_over_the_limit_from_its_thread(tmp_path: Path) -> None:
+    watch = Watch(workspace=str(tmp_path), disk_bytes=1 << 20, cpu_s=None)
+    (tmp_path / "before").write_bytes(b"z" * (4 << 20))  # the limit is on what is added
+    watch.start()
+    try:
+        assert _verdict_within(watch, 0.5) is None  # control: nothing added yet
+        (tmp_path / "after").write_bytes(b"z" * (2 << 20))
+        assert _verdict_within(watch, 30) == "disk-limit"
+    finally:
+        watch.stop()
+    assert watch.describe()["limit_hit"] == "disk"
+    assert watch.describe()["workspace_bytes_added_is"] == "at least"  # it stopped counting
+
+
+def test_watch_ends_a_run_over_its_cpu_time() -> None:
+    used = [0.5]
+    watch = Watch(workspace="/", disk_bytes=None, cpu_s=1.0, cpu_used=lambda: used[0])
+    watch.start()
+    watch.next_cpu = 0
+    assert watch.check() is None
+    used[0] = 1.2
+    watch.next_cpu = 0
+    assert watch.check() == "timeout" and watch.limit_hit == "cpu"
+    # Without a cgroup to read, there is no CPU-time watch (and the policy was refused).
+    assert Watch(workspace="/", disk_bytes=None, cpu_s=1.0).due() is None
+
+
+def test_a_locked_directory_is_reopened_or_refused(tmp_path: Path) -> None:
+    locked = tmp_path / "d"
+    locked.mkdir()
+    (locked / "f").write_bytes(b"q" * 100_000)
+    locked.chmod(0)
+    try:
+        if os.geteuid() == 0:
+            assert measure(str(tmp_path)).bytes > 100_000  # root reads it regardless
+            return
+        with pytest.raises(Unmeasurable):
+            measure(str(tmp_path))  # control: a plain user cannot read it as it is
+        assert measure(str(tmp_path), restore=True).bytes > 100_000
+        assert locked.stat().st_mode & 0o700 == 0o700
+    finally:
+        locked.chmod(0o700)
+
+
+def test_a_directory_without_search_rights_is_restored_or_refused(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "d").mkdir(parents=True)
+    (ws / "d" / "f").write_bytes(b"q" * 100_000)
+    (ws / "d").chmod(0o600)  # readable, not searchable: entries cannot be stat'ed
+    ws.chmod(0o500)
+    try:
+        if os.geteuid() == 0:
+            assert measure(str(ws)).bytes > 100_000
+            return
+        assert measure(str(ws), restore=True).bytes > 100_000
+        assert ws.stat().st_mode & 0o700 == 0o700 and (ws / "d").stat().st_mode & 0o700 == 0o700
+    finally:
+        ws.chmod(0o700)
+        (ws / "d").chmod(0o700)
+
+
+# -- the disk measure against descriptor tricks and floods (real processes, no sandbox) ----
+
+HOLD = r"""
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+path, trick = sys.argv[1], sys.argv[2]
+
+def hold():
+    if trick == "clone-files":
+        if libc.unshare(0x400) != 0:  # CLONE_FILES: a descriptor table of its own
+            os._exit(3)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.unlink(path)
+    os.write(fd, b"h" * (4 << 20))
+    print("ready", flush=True)
+    time.sleep(60)
+
+thread = threading.Thread(target=hold)
+thread.start()
+if trick == "exit-leader":
+    time.sleep(0.5)
+    libc.syscall(SYS_EXIT, 0)  # only the leader thread ends
+thread.join()
+""".replace("SYS_EXIT", str({"x86_64": 60, "aarch64": 93}[__import__("platform").machine()]))
+
+
+def _held_by_leader(pid: int) -> int:
+    """What the old check read: regular deleted files in /proc/PID/fd."""
+    total = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        st = os.stat(f"/proc/{pid}/fd/{fd}")
+        if stat.S_ISREG(st.st_mode) and st.st_nlink == 0:
+            total += st.st_size
+    return total
+
+
+@pytest.mark.parametrize("trick", ["clone-files", "exit-leader"])
+def test_files_held_by_any_thread_are_counted(tmp_path: Path, trick: str) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(ws / "held"), trick],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        time.sleep(1)  # the leader has called SYS_exit by now
+        assert measure(str(ws), pids=[proc.pid]).bytes >= 4 << 20
+        assert _held_by_leader(proc.pid) == 0  # control: the leader's table shows nothing
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_huge_directory_is_read_in_chunks(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "f").touch()
+    for i in range(60_000):
+        os.link(big / "f", big / f"link-with-a-longish-name-{i}")
+    tracemalloc.start()
+    try:
+        assert measure(str(tmp_path)).entries == 60_002
+        walked = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        os.listdir(big)  # control: what the old walk did, one list of every name
+        listed = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert walked < (1 << 20) < listed, (walked, listed)
+
+
+def test_each_measurement_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for i in range(50):
+        (tmp_path / f"f{i}").touch()
+        os.link(tmp_path / f"f{i}", tmp_path / f"g{i}")
+    assert measure(str(tmp_path)).complete  # control: within the bounds, measured
+    monkeypatch.setattr(diskuse, "MAX_LINKED", 10)
+    with pytest.raises(Unmeasurable, match="hard links"):
+        measure(str(tmp_path))
+    monkeypatch.setattr(diskuse, "MAX_LINKED", 1000)
+    monkeypatch.setattr(diskuse, "TICK", 8)
+    monkeypatch.setattr(diskuse, "MAX_ENTRIES", 40)
+    with pytest.raises(Unmeasurable, match="more than 40 entries"):
+        measure(str(tmp_path))
