@@ -5,9 +5,13 @@ Responses API (``/v1/responses``) and Chat Completions (``/v1/chat/completions``
 Gemini's ``generateContent`` and ``streamGenerateContent``.  Its script is an agent loop:
 each request that offers a shell tool is answered with a call of that tool running the
 next of :attr:`FakeModel.commands` (the tool result that comes back is kept); once they
-have all run, with the text ``DONE``.  Requests without a shell tool (titles) get
+have all run, with the text ``DONE``.  A command given as ``(NAME, ARGUMENTS)`` calls the
+tool NAME instead (an MCP server's, like ``mcp__corral__run_code``; Codex offers those in a
+Responses API namespace, ``mcp__corral`` holding ``run_code``, and they are named here as
+Claude Code names them), once a request offers it.  Requests without the tool (titles) get
 ``DONE`` too, and Gemini CLI's own JSON checks a value of the schema they ask for.  Every
-request body is kept, so a test can check what the model saw.
+request body is kept, so a test can check what the model saw, and the tool names each
+request offered.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -27,11 +31,15 @@ SHELL_TOOLS = ("Bash", "bash", "shell", "shell_command", "exec_command", "run_sh
 class FakeModel:
     """The server; use as a context manager.  ``port`` is where it listens."""
 
-    def __init__(self, *commands: str) -> None:
+    def __init__(self, *commands: str | tuple[str, dict[str, Any]]) -> None:
         self.commands = commands  # one tool call each, in turn
+        self.offered: list[list[str]] = []  # the tool names each request offered
         self.requests: list[dict[str, Any]] = []  # {"path": ..., "body": ...}
         self.tool_calls = 0
         self.tool_results: list[str] = []
+        # Called with each tool result as it arrives, while the agent waits for the answer
+        # (its tools, an MCP server's session say, still running).
+        self.on_result: Callable[[str], None] | None = None
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -63,12 +71,21 @@ class FakeModel:
         with self.lock:
             if result is not None:
                 self.tool_results.append(result)
-            shell = next(((n, s) for n, s in tools if n in SHELL_TOOLS), None)
-            if shell is None or self.tool_calls >= len(self.commands):
+                if self.on_result is not None:
+                    self.on_result(result)
+            self.offered.append([n for n, _ in tools])
+            if self.tool_calls >= len(self.commands):
                 return None
             command = self.commands[self.tool_calls]
+            named = command[0] if isinstance(command, tuple) else None
+            tool = next(((n, s) for n, s in tools
+                         if (n == named if named else n in SHELL_TOOLS)), None)
+            if tool is None:
+                return None
             self.tool_calls += 1
-        name, schema = shell
+        if isinstance(command, tuple):
+            return command[0], dict(command[1])
+        name, schema = tool
         props = schema.get("properties", {}) if isinstance(schema, dict) else {}
         if "cmd" in props:
             args: dict[str, Any] = {"cmd": command}
@@ -130,9 +147,24 @@ def _anthropic_whole(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]
     return message
 
 
+def _responses_tools(body: dict[str, Any]
+                     ) -> tuple[list[tuple[str, dict[str, Any]]], dict[str, tuple[str, str]]]:
+    """The tools offered, a namespace's as ``NAMESPACE__TOOL``; and those names' parts."""
+    tools, spaced = [], {}
+    for t in body.get("tools", []):
+        if not isinstance(t, dict):
+            continue
+        if t.get("type") == "namespace":
+            for inner in t.get("tools", []):
+                full = f"{t.get('name', '')}__{inner.get('name', '')}"
+                tools.append((full, inner.get("parameters", {})))
+                spaced[full] = (t.get("name", ""), inner.get("name", ""))
+        tools.append((t.get("name", ""), t.get("parameters", {})))
+    return tools, spaced
+
+
 def _responses(model: FakeModel, body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    tools = [(t.get("name", ""), t.get("parameters", {})) for t in body.get("tools", [])
-             if isinstance(t, dict)]
+    tools, spaced = _responses_tools(body)
     items = body.get("input") if isinstance(body.get("input"), list) else []
     outputs = [i for i in items if isinstance(i, dict) and i.get("type", "").endswith("_output")]
     last_is_result = bool(items) and items[-1] in outputs
@@ -146,6 +178,8 @@ def _responses(model: FakeModel, body: dict[str, Any]) -> Iterator[tuple[str, di
     else:
         item = {"type": "function_call", "id": f"fc_{rid}", "call_id": f"call_{rid}",
                 "name": call[0], "arguments": json.dumps(call[1])}
+        if call[0] in spaced:
+            item["namespace"], item["name"] = spaced[call[0]]
     yield "response.output_item.done", {"type": "response.output_item.done", "output_index": 0,
                                         "item": item}
     usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 0},

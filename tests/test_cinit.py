@@ -49,12 +49,12 @@ def test_encode_writes_every_setting_as_records() -> None:
               "landlock": {"rules": [["/work", 7], ["/a:b", 2]], "min_abi": 1,
                            "best_effort": False, "scope": True},
               "expect_mounts": [["/w/.git", "hide", 1, 2], ["/w/x", "bind", 3, 4]],
-              "payload_seccomp": "00" * 8}
+              "payload_seccomp": "00" * 8, "env": [["PATH", "/usr/bin"], ["A", "b=c"]]}
     assert cinit.encode(config).split(b"\0") == [
         b"status_fd=4", b"stderr_fd=5", b"uid=65534", b"gid=65534", b"pid=2", b"cwd=/work",
         b"rlimit=nofile:1024:1024", b"rlimit=core:0:0", b"landlock=1:0:1", b"rule=7:/work",
         b"rule=2:/a:b", b"mount=1:1:2:/w/.git", b"mount=0:3:4:/w/x", b"seccomp=" + b"00" * 8,
-        b""]
+        b"env=PATH=/usr/bin", b"env=A=b=c", b""]
 
 
 def test_encode_refuses_a_setting_the_compiled_init_lacks() -> None:
@@ -110,7 +110,8 @@ def _run_init(config: bytes) -> tuple[int, list[dict[str, object]], bytes]:
 
 
 @pytest.mark.parametrize("record", [b"bogus=1", b"uid=x", b"rule=7", b"mount=1:2:/x",
-                                    b"rlimit=stack:1:1", b"seccomp=abc", b"no-equals"])
+                                    b"rlimit=stack:1:1", b"seccomp=abc", b"no-equals",
+                                    b"env=NOVALUE"])
 def test_the_compiled_init_refuses_what_it_does_not_understand(record: bytes) -> None:
     need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
     code, events, out = _run_init(b"status_fd=STATUS\0" + record + b"\0")

@@ -89,7 +89,7 @@ def test_http_takes_a_token_and_needs_one_off_loopback(who: Identity, sdk: Path 
     token_file = who.tmp / "token"
     token_file.write_text(token + "\n")
     token_file.chmod(0o600)
-    who.chown(token_file)
+    os.chown(token_file, who.uid, who.gid)  # the server's own user's (corral.httpauth)
 
     async def with_token(url: str) -> None:
         http = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})

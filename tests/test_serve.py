@@ -40,8 +40,8 @@ def serve_extra(shared_tmp: Path) -> Path:
         spec = importlib.util.find_spec(name)
         need(spec is not None and spec.origin is not None, f"{name} (corral[serve]) installed")
         assert spec is not None and spec.origin is not None
-        shutil.copytree(Path(spec.origin).parent, dest / name,
-                        ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(Path(spec.origin).parent, dest / name, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("__pycache__"))  # other modules use it too
     for p in [dest, *dest.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return dest
@@ -55,7 +55,8 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, who: Identity, extra: Path, *args: str) -> None:
+    def __init__(self, who: Identity, extra: Path, *args: str,
+                 env: dict[str, str] | None = None) -> None:
         self.who, self.port = who, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.runs = who.tmp / f"runs-{self.port}"
@@ -63,7 +64,8 @@ class Server:
         self.log = open(who.tmp / f"serve-{self.port}.log", "w")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [*who.prefix(), "-m", "corral", "serve", "--port", str(self.port), "--runs-dir",
-             str(self.runs), *args], env=who.environ({"PYTHONPATH": path}), cwd=who.tmp,
+             str(self.runs), *args], env=who.environ({"PYTHONPATH": path, **(env or {})}),
+            cwd=who.tmp,
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 60
         while True:
@@ -193,7 +195,7 @@ def test_a_token_is_required_when_given_and_elsewhere(who: Identity, serve_extra
     token = "t0ken-" + os.urandom(12).hex()
     tf = who.tmp / "token"
     tf.write_text(token + "\n")
-    who.chown(tf)
+    os.chown(tf, who.uid, who.gid)  # the server's own user's (corral.httpauth)
     tf.chmod(0o600)
     s = Server(who, serve_extra, "--token-file", str(tf))
     try:

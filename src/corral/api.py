@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast, overload
 
-from . import audit, cinit, egress, enforce, fsops, guard, host, resolve, workspace
+from . import audit, cinit, egress, enforce, fsops, guard, host, pending, resolve, workspace
 from .bwrap import Sandbox
 from .diskimage import Image
 from .enforce import Limited
@@ -308,8 +308,15 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
     cinit.choice()
-    sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env, prepare=True,
-                                     import_state=import_state)
+    runs = runs_dir or workspace.default_runs_dir()
+    # What runs whose corral was SIGKILLed left unaudited, before this scan takes it in.
+    actions: list[audit.Action] = pending.recover(runs)
+    try:
+        sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env,
+                                         prepare=True, import_state=import_state)
+    except CorralError as e:
+        e.notes = tuple(a.line() for a in actions)
+        raise
     if announce is not None:
         announce(sb, layout)
     run_dir = workspace.record_dir(runs_dir or workspace.default_runs_dir(), layout.project) \
@@ -325,19 +332,21 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     owner = (sb.uid, sb.gid) if facts.is_root else None
     census = audit.census_of_findings(  # the user's trees; not corral's copy of the state
         [(e.path, owner) for e in layout.writable if e.kind == "dir" and not e.source],
-        layout.findings, audit.protected_names(policy.protect))
+        layout.findings, audit.protected_names(policy.protect), layout.hooks)
     quarantine = workspace.quarantine(
-        run_dir.root if run_dir else None, runs_dir or workspace.default_runs_dir(),
-        layout.project)
-    actions: list[audit.Action] = []
+        run_dir.root if run_dir else None, runs, layout.project)
+    run_id = run_dir.run_id if run_dir else workspace.new_run_id()
+    owed = pending.owe(runs, run_id, census, run_dir.root if run_dir else None,
+                       [e.path for e in layout.writable])
     try:
         with audit.audited(census, quarantine, actions):
             limited, denials, entry["egress_log"] = _execute(
-                sb, policy, facts, cg_plan,
-                run_dir.run_id if run_dir else workspace.new_run_id(), layout.project,
+                sb, policy, facts, cg_plan, run_id, layout.project,
                 run_dir.root if run_dir else None, capture, stdin)
     except BaseException as e:
         raise _unwound(e, entry, run_dir.record_path if run_dir else None, actions) from None
+    finally:
+        pending.settle(owed)  # audited by now, however the run ended
     result = _result(limited, denials, cg_plan, actions, workspace=layout.project,
                      record=run_dir.record_path if run_dir else "",
                      run_id=run_dir.run_id if run_dir else "")

@@ -92,6 +92,7 @@ class Census:
     linked: frozenset[str] = frozenset()  # submodule and worktree git directories
     protected: frozenset[str] = frozenset()  # paths with protected names
     placeholders: tuple[tuple[str, int, int], ...] = ()  # (path, dev, ino)
+    hook_folders: tuple[str, ...] = ()  # relative core.hooksPath every repository gets
     backups: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # path: data, mode
     started_ns: int = field(default_factory=time.time_ns)
 
@@ -129,7 +130,8 @@ def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
 
 
 def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
-                       findings: Sequence[Finding], names: frozenset[str]) -> Census:
+                       findings: Sequence[Finding], names: frozenset[str],
+                       hook_folders: tuple[str, ...] = ()) -> Census:
     """Agent mode: the scan has found everything (and all of it is read-only inside)."""
     placeholders = []
     for f in findings:
@@ -145,7 +147,7 @@ def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
         linked=frozenset(f.path for f in findings if f.reason == repos.LINKED),
         protected=frozenset(f.path for f in findings if os.path.basename(f.path) in names
                             or os.path.basename(f.path) == ".git"),
-        placeholders=tuple(placeholders))
+        placeholders=tuple(placeholders), hook_folders=hook_folders)
 
 
 def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str]) -> Census:
@@ -205,6 +207,7 @@ class Auditor:
         self.make_quarantine = quarantine
         self.qtree: fsops.Tree | None = None
         self.actions: list[Action] = []
+        self.errors: list[OSError] = []  # folders no walk could list, even unlocked
         self.here: str | None = None  # the directory the walk is in, and whether it is
         self.here_is_git = False  # a git directory (each is audited once, not per part)
 
@@ -213,6 +216,8 @@ class Auditor:
             for top, owner in self.census.trees:
                 self._tree(top, owner)
             self._placeholders()
+            self.actions += [Action(e.filename or "?", "failed", "the audit could not look "
+                                    f"inside it ({e.strerror})") for e in self.errors]
         finally:
             if self.qtree is not None:
                 self.qtree.close()
@@ -226,20 +231,29 @@ class Auditor:
             return
         with tree:
             try:
-                for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
+                for here, entries in self._walk(tree, ""):
                     self._directory(tree, here, entries)
             except OSError as e:
                 self.actions.append(Action(tree.path(""), "failed",
                                            f"the audit could not finish ({e.strerror})"))
 
+    def _walk(self, tree: fsops.Tree, rel: str) -> Iterator[tuple[str, list[fsops.Entry]]]:
+        """Every folder beneath ``rel``: one the payload locked is unlocked (it is the
+        owner's), one that cannot be listed even so is reported, and the rest is walked."""
+        return walk(tree, rel, limit=AUDIT_CAP, stats=True, chunk=CHUNK, errors=self.errors)
+
     def _directory(self, tree: fsops.Tree, here: str, entries: list[fsops.Entry]) -> None:
         if here != self.here:  # a directory's parts come one after another
-            self.here, self.here_is_git = here, bool(here) and repos.holds_git_dir(tree, here)
+            # A bare repository (the tree's top too, when its HEAD is one git takes): its
+            # controls, and then its folders like any other, since a folder that merely
+            # looks like a repository must not hide what lies beneath it.
+            self.here = here
+            self.here_is_git = repos.holds_git_dir(tree, here) and (
+                bool(here) or repos.valid_head(tree, ""))
             if self.here_is_git:
-                self._gitdir(tree, here)
+                self._gitdir(tree, here or ".", setid=False)  # the walk goes on into it
         if self.here_is_git:
-            entries.clear()
-            return
+            entries[:] = [e for e in entries if e.name not in repos.NESTED]
         keep = []
         for e in entries:
             rel = join(here, e.name)
@@ -281,14 +295,14 @@ class Auditor:
                 self._quarantine(tree, rel, "changed during the run, and trusted by tools "
                                  "on the host", restore=True)
             return
-        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
+        for here, entries in self._walk(tree, rel):
             for sub in entries:
                 if sub.kind != "dir" and self.census.changed(sub.st):
                     self._quarantine(tree, join(here, sub.name), "changed during the run, "
                                      "inside a folder tools on the host trust", restore=True)
 
-    def _gitdir(self, tree: fsops.Tree, rel: str) -> None:
-        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
+    def _gitdir(self, tree: fsops.Tree, rel: str, setid: bool = True) -> None:
+        for here, entries in self._walk(tree, rel) if setid else ():
             for e in entries:  # set-id bits inside git directories too
                 if e.kind == "file" and e.st is not None and e.st.st_mode & SETID \
                         and self.census.changed(e.st):
@@ -308,14 +322,38 @@ class Auditor:
             elif (name == "commondir" and main) or self.census.changed(st):
                 self._quarantine(tree, sub, "changed during the run: git would run or obey "
                                  "it on the host", restore=True)
+        if new:
+            self._work_tree_hooks(tree, rel)
         for nested in ("modules", "worktrees"):
             if tree.lstat(f"{rel}/{nested}") is None:
                 continue
-            for here, entries in walk(tree, f"{rel}/{nested}", limit=AUDIT_CAP):
-                names = {e.name for e in entries}
-                if "HEAD" in names and ("config" in names or repos.is_git_dir(names)):
+            seen: set[str] = set()  # a directory comes in parts: judge it once, by name
+            for here, entries in self._walk(tree, f"{rel}/{nested}"):
+                if here in seen or (tree.lstat(f"{here}/HEAD") is not None and (
+                        tree.lstat(f"{here}/config") is not None
+                        or repos.holds_git_dir(tree, here))):
                     entries.clear()
-                    self._gitdir(tree, here)
+                    if here not in seen:
+                        seen.add(here)
+                        self._gitdir(tree, here)
+
+    def _work_tree_hooks(self, tree: fsops.Tree, gitdir: str) -> None:
+        """A new repository's hooks in the folder the global ``core.hooksPath`` names,
+        relative to its work tree (the git directory itself when bare)."""
+        base = os.path.dirname(gitdir) if os.path.basename(gitdir) == ".git" else gitdir
+        for folder in self.census.hook_folders:
+            rel = os.path.normpath(join(base, folder))
+            try:
+                if tree.lstat(rel) is None:
+                    continue
+                names = [e.name for e in tree.scandir(rel)
+                         if not e.name.endswith(".sample") or e.kind != "file"]
+            except OSError:  # a link, a file, a folder beyond the tree: all of it goes
+                names = [""]
+            for name in names:
+                self._quarantine(tree, join(rel, name) if name else rel, "a hook of a "
+                                 "repository made during the run, where the global "
+                                 "core.hooksPath points git")
 
     def _inert(self, tree: fsops.Tree, rel: str) -> bool:
         try:
@@ -371,11 +409,13 @@ def _controls(tree: fsops.Tree, gitdir: str) -> Iterator[tuple[str, str]]:
     yield "commondir", "file"
     if tree.lstat(f"{gitdir}/hooks") is not None:
         try:
-            for e in tree.scandir(f"{gitdir}/hooks"):
-                if not e.name.endswith(".sample") or e.kind != "file":
-                    yield f"hooks/{e.name}", "hook"
-        except NotADirectoryError:
+            names = tree.scandir(f"{gitdir}/hooks")
+        except OSError:  # a link, a file, or a folder no one can list: all of it goes
             yield "hooks", "hook"
+            return
+        for e in names:
+            if not e.name.endswith(".sample") or e.kind != "file":
+                yield f"hooks/{e.name}", "hook"
 
 
 def _inert_key(name: str, value: str | None) -> bool:

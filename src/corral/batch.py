@@ -3,7 +3,8 @@
 * Jobs are read lazily, one line at a time (each at most MAX_LINE bytes); a line that is not a
   valid request becomes one result with status ``invalid`` and the reason, never a crash.
   A job without an ``id`` gets ``line-N`` (its line number); a line that repeats an earlier
-  line's id is ``invalid``, under the id ``line-N``.
+  line's id is ``invalid``, under the id ``line-N``.  Only line N may name itself ``line-N``,
+  so every id has one result.
 * Results are appended to the output as they finish, one line each, flushed at once.  With
   ``--resume``, the ids already in the output are skipped, so every job gets exactly one
   result however often the batch is interrupted; a last line cut short by a crash is dropped
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections import Counter
@@ -26,30 +28,52 @@ from typing import IO, Any
 
 from .engines import Engine
 from .errors import UsageError
-from .request import RunRequest
+from .request import RunRequest, parse_json
 from .result import RunResult
 
 __all__ = ["Results", "Tally", "add_arguments", "jobs", "main", "run_batch"]
 
 MAX_LINE = 128 << 20  # one job's line: 64 MiB of files, base64-encoded, and some room
+LINE_ID = re.compile(r"line-([0-9]+)")
 PLAIN_EVERY_S = 5.0
 
 
+def foreign_line_id(given: str, number: int) -> bool:
+    """Whether ``given`` is ``line-M`` for another line than ``number``: the name corral
+    gives line M's job when it has no id (and line M's result when it is refused).  Only
+    line N may be called ``line-N``, so those names never collide with a request's own, and
+    no result is written under an id another job's result already holds."""
+    match = LINE_ID.fullmatch(given)
+    return match is not None and int(match.group(1)) != number
+
+
 def _id_of(data: Any, number: int) -> str:
+    """The id an invalid line's result goes under: its own, when that is a usable id."""
     got = data.get("id") if isinstance(data, dict) else None
-    return got if isinstance(got, str) and got else f"line-{number}"
+    try:
+        RunRequest(command=("true",), id=got)
+    except UsageError:
+        got = None
+    if not isinstance(got, str) or foreign_line_id(got, number):
+        return f"line-{number}"
+    return got
 
 
 def parse_line(line: bytes, number: int) -> RunRequest | RunResult:
     """A request, or the ``invalid`` result that says why the line is not one."""
     try:
-        data = json.loads(line)
+        data = parse_json(line)
     except (ValueError, RecursionError) as e:
         return RunResult.refused(f"line-{number}", "invalid", f"line {number} is not JSON; {e}")
     try:
         request = RunRequest.from_json(data)
     except UsageError as e:
         return RunResult.refused(_id_of(data, number), "invalid", str(e))
+    if request.id is not None and foreign_line_id(request.id, number):
+        return RunResult.refused(f"line-{number}", "invalid", str(UsageError(
+            f"line {number} has the id {request.id!r}", "corral names the job of line "
+            f"{request.id.removeprefix('line-')} so when it has no id of its own",
+            f"give it another id, or line-{number}")))
     return request if request.id is not None else replace(request, id=f"line-{number}")
 
 

@@ -16,7 +16,8 @@ so :func:`build_ops` emits them in this documented order:
  3. corral's init (and ``Sandbox.files``, such as the egress bridge), read-only
     under ``/run/corral``, then ``Sandbox.seal``
     (remounts that must follow every mount point, the init's included)
- 4. environment (``--clearenv`` first), working directory, seccomp, status
+ 4. environment (``--clearenv``: the init starts with none, see :func:`init_environment`),
+    working directory, seccomp, status
 
 :func:`run_mounts` orders the run-mode filesystem as: ``/usr`` and its
 usr-merge symlinks; ``/proc``, ``/dev`` (its ``/dev/pts`` bounded or empty),
@@ -44,6 +45,8 @@ __all__ = [
     "PathHandle",
     "Sandbox",
     "build_ops",
+    "init_config",
+    "init_environment",
     "render",
     "render_lines",
     "run_mounts",
@@ -347,13 +350,29 @@ def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
         ops.append(RoData(Data(dest, content), dest))
     ops.extend(sb.seal)
     ops.append(Flag(("--clearenv",)))  # before any --setenv (fact 11)
-    ops.extend(SetEnv(name, value) for name, value in sb.env)
+    ops.extend(SetEnv(name, value) for name, value in init_environment(sb))
     ops.append(Flag(("--chdir", "/")))  # the init changes to sb.chdir once it is the payload's uid
     if sb.seccomp is not None:
         ops.append(FdFlag("--seccomp", Data("seccomp", sb.seccomp)))
     if status_fd is not None:
         ops.append(FdFlag("--json-status-fd", status_fd))
     return ops
+
+
+def init_environment(sb: Sandbox) -> tuple[tuple[str, str], ...]:
+    """The variables bwrap sets for corral's init: none.
+
+    The init is trusted until it execs the payload, and its interpreter and C library obey
+    their environment (``LD_PRELOAD``, ``LD_LIBRARY_PATH``, ``GLIBC_TUNABLES``, ``GCONV_PATH``,
+    ...).  ``sb.env`` is the payload's, and partly the request's (``corral batch``,
+    ``corral serve``): the init receives it in its config and passes it to ``execve`` only.
+    """
+    return ()
+
+
+def init_config(sb: Sandbox) -> dict[str, Any]:
+    """The init's config as the launcher hands it over, descriptor numbers aside."""
+    return {**sb.init_config, "env": [list(pair) for pair in sb.env]}
 
 
 def command(sb: Sandbox, config_fd: int) -> list[str]:

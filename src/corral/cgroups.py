@@ -22,6 +22,7 @@ Python's subprocess cannot use it).
 
 from __future__ import annotations
 
+import calendar
 import contextlib
 import errno
 import os
@@ -45,10 +46,11 @@ from .limits import (
     v2_delegated_base,
 )
 
-__all__ = ["RunCgroup", "delegate", "probe"]
+__all__ = ["RunCgroup", "delegate", "probe", "sweep_stale"]
 
 KILL_WAIT_S = 10.0  # how long teardown keeps killing before it reports failure
 REMOVE_WAIT_S = 5.0  # how long rmdir is retried while the kernel says EBUSY (DESIGN fact 15)
+STALE_S = 600.0  # an empty run cgroup older than this lost its launcher (sweep_stale)
 V2_CONTROLLERS = ("memory", "pids", "cpu")
 
 
@@ -177,6 +179,7 @@ class RunCgroup:
         try:
             for base in dict.fromkeys(os.path.dirname(d) for d in self.unique):
                 self._ensure_base(base)
+                sweep_stale(base)
             for d in self.unique:
                 os.mkdir(d, 0o755)
                 self.made.append(d)
@@ -324,6 +327,44 @@ class RunCgroup:
         """For the run record."""
         return {"version": self.version, "cgroups": self.unique, "removed": self.removed,
                 "settings": {name: value for _, name, value in self.plan.settings}}
+
+
+def sweep_stale(base: str, now: float | None = None) -> list[str]:
+    """Remove the empty run cgroups in ``base`` older than STALE_S; returns their names.
+
+    A launcher killed outright (SIGKILL, a Ray node removed) leaves its run's cgroups: the
+    processes died with the PID namespace, the directories pile up.  A live run's cgroup is
+    empty only while its launcher spawns into it or removes it, never minutes after the
+    time in its name."""
+    now = time.time() if now is None else now
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return []
+    gone = []
+    for name in names:
+        made = _run_time(name)
+        if made is None or now - made < STALE_S:
+            continue
+        path = os.path.join(base, name)
+        procs = _read(os.path.join(path, "cgroup.procs"))
+        if procs is None or procs.strip():
+            continue  # processes in it, or unreadable: not a leftover
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+            gone.append(name)
+    return gone
+
+
+def _run_time(name: str) -> float | None:
+    """When the run called ``name`` (workspace.new_run_id: UTC stamp, dash, 8 hex) began."""
+    stamp, dash, tail = name.partition("-")
+    if not dash or len(tail) != 8 or any(c not in "0123456789abcdef" for c in tail):
+        return None
+    try:
+        return calendar.timegm(time.strptime(stamp, "%Y%m%dT%H%M%S"))
+    except ValueError:
+        return None
 
 
 # -- delegation (root, once) ----------------------------------------------------

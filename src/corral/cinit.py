@@ -123,6 +123,8 @@ def _records(key: str, value: Any) -> list[str]:
         return [f"{key}={int(value)}"]
     if key == "cwd":
         return [f"cwd={value}"]
+    if key == "env":  # the payload's variables (corral.bwrap.init_config): the init has none
+        return [f"env={name}={val}" for name, val in value]
     if key == "payload_seccomp":
         return [f"seccomp={value}"]
     if key == "rlimits":

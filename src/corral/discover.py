@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import itertools
 import os
 import stat
 from collections.abc import Iterator, Sequence
@@ -40,7 +41,7 @@ from .fswalk import join, walk
 from .guard import Finding
 from .locate import land
 
-__all__ = ["MAX_MASKS", "MAX_SCANNED", "PROTECTED_NAMES", "scan", "secrets_in",
+__all__ = ["MAX_MASKS", "MAX_SCANNED", "PROTECTED_NAMES", "home_links", "scan", "secrets_in",
            "verify_unchanged", "with_parents"]
 
 # Files and folders that something on the host executes or trusts later: an agent that
@@ -55,6 +56,13 @@ PROTECTED_NAMES = frozenset({
     ".husky", ".githooks", ".git-hooks", ".pre-commit-config.yaml", ".pre-commit-hooks.yaml",
     "lefthook.yml", "lefthook.yaml", ".lefthook.yml", ".lefthook.yaml", "lefthook-local.yml",
     ".overcommit.yml",
+    # editors and tools that start what a project's settings name when it is opened:
+    # Helix's language servers, VS Code's devcontainer initializeCommand (run on the host),
+    # Zed, Neovim's and Vim's exrc, Emacs' directory locals
+    ".helix", ".devcontainer", ".devcontainer.json", ".zed", ".nvim.lua", ".nvimrc", ".exrc",
+    ".lazy.lua", ".dir-locals.el", ".dir-locals-2.el",
+    # other agents' project settings and MCP servers
+    ".windsurf", ".kiro", ".roo", ".amazonq", ".opencode", "opencode.json", "opencode.jsonc",
 })
 # Secret-looking names, hidden (an empty read-only file or folder) unless allowed.
 SECRET_GLOBS = (".env", ".env.*", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
@@ -116,10 +124,13 @@ def scan(tree: fsops.Tree, scope: repos.Scope, allowed_secrets: Sequence[str] = 
 def _directory(tree: fsops.Tree, scope: repos.Scope, here: str, entries: list[fsops.Entry],
                protected: frozenset[str] | set[str], allowed: Sequence[str]) -> list[Finding]:
     """What one directory's entries need; prunes ``entries`` to those to walk into."""
-    if here and repos.is_git_dir({e.name for e in entries}):  # a bare repository
-        entries.clear()
-        return list(repos.git_findings(scope, tree, here, tree.path(here)))
     found: list[Finding] = []
+    if repos.is_git_dir({e.name for e in entries}) and (here or repos.valid_head(tree, "")):
+        # A bare repository, the tree's top too: git opens it as one.  Its folders are
+        # walked like any other (all but its submodules' and worktrees', which
+        # git_findings covers): looking like a repository must not hide what is beneath.
+        found += repos.git_findings(scope, tree, here or ".", tree.path(here))
+        entries[:] = [e for e in entries if e.name not in repos.NESTED]
     keep = []
     for e in entries:
         rel = join(here, e.name)
@@ -192,12 +203,47 @@ def _dot_git(tree: fsops.Tree, scope: repos.Scope, rel: str, kind: str) -> Itera
     yield from repos.git_findings(scope, spot.tree, spot.rel, worktree, main=False)
 
 
+# Folders of the home directory whose entries the host runs or reads as configuration
+# (start-up files, ~/.config/*, programs on PATH): a link there into a writable tree
+# (dotfile managers such as stow, rcm, dotbot make them) makes its target the host's own.
+HOME_FOLDERS = ("", ".config", ".local/bin", "bin")
+MAX_HOME_ENTRIES = 10_000  # entries of one of those folders looked at
+
+
+def home_links(scope: repos.Scope, home: str) -> list[Finding]:
+    """Read-only findings for what the home's start-up files and configuration folders
+    link to inside the writable trees (``~/.gitconfig -> ~/dotfiles/gitconfig``).  A link
+    to a tree's very top is not followed (the whole project would be read-only)."""
+    found: list[Finding] = []
+    for folder in HOME_FOLDERS:
+        where = os.path.join(home, folder) if folder else home
+        if os.path.islink(where) or not os.path.isdir(where):
+            continue  # a folder that is itself a link is one of the entries above
+        try:
+            with os.scandir(where) as it:
+                links = [e.path for e in itertools.islice(it, MAX_HOME_ENTRIES)
+                         if e.is_symlink() and (folder or e.name.startswith("."))]
+        except OSError:
+            continue  # the home is not a payload's: what cannot be read, the host cannot
+        for path in links:
+            spot = land(path, scope.roots, "a home file that links into the project")
+            if spot.tree is None or not spot.rel:
+                continue
+            kind = "dir" if spot.st is not None and stat.S_ISDIR(spot.st.st_mode) else "file"
+            found += repos.protect(scope, path, f"{path} links to it: the host runs or "
+                                   "reads it as the user's own", kind)
+    return found
+
+
 def with_parents(findings: Sequence[Finding], scope: repos.Scope) -> list[Finding]:
     """``findings`` (first of each path and action kept) and a pin for every directory
     between a writable tree's top and each of them, outside read-only ones.  Raises when
     that needs more than MAX_MASKS mounts."""
     out: dict[tuple[str, str], Finding] = {}
+    hidden = {f.path for f in findings if f.action == "hide"}
     for f in findings:
+        if f.action == "protect" and f.path in hidden:
+            continue  # hidden is read-only already; a second bind would undo the mask
         out.setdefault((f.path, f.action), f)
     paths = {f.path for f in out.values()}
     read_only = [f.path for f in out.values() if f.action == "protect" and f.kind == "dir"]

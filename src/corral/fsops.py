@@ -260,6 +260,17 @@ class Tree:
         finally:
             os.close(handle)
 
+    def grant(self, rel: str, bits: int) -> None:
+        """Add the mode bits ``bits`` to the directory ``rel`` (never through a link), as
+        the owner: a folder the payload locked (``chmod 111``) is its owner's to open."""
+        handle = self.open(rel, os.O_PATH | os.O_DIRECTORY)
+        try:
+            st = os.fstat(handle)
+            with acting_as(self.owner):
+                os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(st.st_mode) | bits)
+        finally:
+            os.close(handle)
+
     # -- more than one name at a time --------------------------------------------------
 
     def parent(self, rel: str) -> tuple[int, str]:

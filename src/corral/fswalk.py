@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import stat
 from collections.abc import Iterator
 
@@ -18,7 +19,8 @@ COPY_CAP = 256 << 20  # bytes one move across file systems may copy (then it ref
 
 
 def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False,
-         chunk: int = 0) -> Iterator[tuple[str, list[Entry]]]:
+         chunk: int = 0, errors: list[OSError] | None = None
+         ) -> Iterator[tuple[str, list[Entry]]]:
     """Top-down, like ``os.walk``: (directory, its entries) for ``rel`` and every directory
     beneath.  Remove a directory from the yielded list to stay out of it.  A directory gone
     meanwhile is skipped; one replaced by a link is ``ELOOP``; past ``limit`` entries in
@@ -26,14 +28,16 @@ def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False,
 
     With ``chunk``, a directory comes in consecutive parts of at most that many entries
     (the same directory name each time): the caller's memory stays one part, whatever the
-    payload made, but a check that needs the whole listing must not use it."""
+    payload made, but a check that needs the whole listing must not use it.
+
+    With ``errors`` (the audit's way), a directory the payload locked is given its owner's
+    rights back and listed; one that still cannot be listed is appended to ``errors`` and
+    the walk goes on with the rest: one locked folder must not hide every other one."""
     stack, count = [rel], 0
     while stack:
         here = stack.pop()
         try:
-            parts = tree.scandir_chunks(here, stats, chunk) if chunk else \
-                iter([tree.scandir(here, stats)])
-            for entries in parts:
+            for entries in _parts(tree, here, stats, chunk, errors is not None):
                 count += len(entries)
                 if count > limit:
                     raise OSError(errno.E2BIG, f"more than {limit} entries", tree.path(rel))
@@ -41,6 +45,32 @@ def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False,
                 stack += [join(here, e.name) for e in entries if e.kind == "dir"]
         except FileNotFoundError:
             continue
+        except OSError as e:
+            if errors is None or e.errno == errno.E2BIG:
+                raise
+            e.filename = e.filename or tree.path(here)
+            errors.append(e)
+
+
+def _parts(tree: Tree, here: str, stats: bool, chunk: int, unlock: bool
+           ) -> Iterator[list[Entry]]:
+    """The listing of ``here`` in parts, the directory opened before the first is yielded
+    (so that a refusal comes here, where a locked folder gets its owner's rights back)."""
+    try:
+        return _opened(tree, here, stats, chunk)
+    except PermissionError:
+        if not unlock:
+            raise
+    tree.grant(here, 0o700)
+    return _opened(tree, here, stats, chunk)
+
+
+def _opened(tree: Tree, here: str, stats: bool, chunk: int) -> Iterator[list[Entry]]:
+    if not chunk:
+        return iter([tree.scandir(here, stats)])
+    parts = tree.scandir_chunks(here, stats, chunk)
+    first = next(parts, None)  # opens the directory now
+    return itertools.chain([] if first is None else [first], parts)
 
 
 def join(rel: str, name: str) -> str:

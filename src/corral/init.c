@@ -294,10 +294,9 @@ static void close_others(int keep) {
 }
 
 static void exec_payload(char **argv, int report_w) {
-    extern char **environ;
     if (confine() == 0) {
         close_others(report_w);
-        execve(argv[0], argv, environ);
+        execve(argv[0], argv, cfg.env); /* the config's variables, never our own */
         fail("cannot execute %s: %s", argv[0], strerror(errno));
     }
     size_t n = strlen(failure);

@@ -33,6 +33,7 @@
 #define CONFIG_MAX (8 << 20)
 #define MAX_ITEMS 4096
 #define MAX_LISTEN 64
+#define MAX_ENV 4096
 #define BACKLOG 4096
 
 /* Landlock (include/uapi/linux/landlock.h), spelled out: the build host's headers may
@@ -66,6 +67,9 @@ struct config {
     unsigned char *filter; size_t filter_len;
     int bridge_fd; /* the unix socket pair end to the host's proxy; -1: no egress */
     struct listen listens[MAX_LISTEN]; int n_listens; /* the first: the proxy port */
+    /* The payload's environment, NAME=VALUE, NULL-terminated: bwrap gives the init none
+     * (corral.bwrap.init_environment), it passes these to execve only. */
+    char *env[MAX_ENV + 1]; int n_env;
 };
 
 extern struct config cfg;       /* init_config.c: parsed by read_config */

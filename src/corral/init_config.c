@@ -62,6 +62,12 @@ static int record(char *rec) {
     const char *k = rec, *v = eq + 1;
     long long n[3];
     if (strcmp(k, "cwd") == 0) { cfg.cwd = v; return 0; }
+    if (strcmp(k, "env") == 0) {
+        if (strchr(v, '=') == NULL || v[0] == '=' || cfg.n_env == MAX_ENV)
+            return fail("bad environment variable for the payload");
+        cfg.env[cfg.n_env++] = (char *)v;
+        return 0;
+    }
     if (strcmp(k, "seccomp") == 0)
         return hexbytes(v, &cfg) == 0 ? 0 : fail("the payload's seccomp filter is malformed");
     if (strcmp(k, "rule") == 0) {

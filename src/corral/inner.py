@@ -296,7 +296,9 @@ def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
             os.dup2(stderr_fd, 2)
         os.closerange(3, report_w)
         os.closerange(report_w + 1, 1 << 20)
-        os.execve(argv[0], argv, dict(os.environ))
+        # The payload's variables come in the config: bwrap gave this process none (its own
+        # interpreter and C library obey LD_PRELOAD and the like; corral.bwrap.init_environment).
+        os.execve(argv[0], argv, dict(cfg.get("env", ())))
     except SetupError as e:
         message = str(e)
     except OSError as e:

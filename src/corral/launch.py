@@ -211,7 +211,7 @@ class Launch:
 
     def argv(self, status_w: int, json_w: int, stderr_fd: int) -> tuple[list[str], list[int]]:
         """bwrap's argv and the descriptors it must inherit."""
-        config = dict(self.sb.init_config, status_fd=status_w, stderr_fd=stderr_fd,
+        config = dict(bwrap.init_config(self.sb), status_fd=status_w, stderr_fd=stderr_fd,
                       cwd=self.sb.chdir)
         if self.terminal is not None:  # the descriptor the init makes its terminal
             config["tty"] = self.terminal.sandbox_fd(stderr_fd)
@@ -602,5 +602,5 @@ def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
     for item, fd in fds.items.items():
         what = item.path if isinstance(item, PathHandle) else item.name
         lines.append(f"# fd {fd}: {what}")
-    lines.append("# init config: " + json.dumps(dict(sb.init_config), sort_keys=True))
+    lines.append("# init config: " + json.dumps(bwrap.init_config(sb), sort_keys=True))
     return lines

@@ -44,11 +44,13 @@ from .fswalk import walk
 from .guard import Finding
 from .locate import Landing, Roots, land
 
-__all__ = ["GITDIR", "LINKED", "Scope", "gather", "git_findings", "gitfile_target", "global_config",
-           "is_git_dir"]
+__all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "gather", "git_findings", "gitfile_target",
+           "global_config", "global_paths", "holds_git_dir", "hook_folders", "is_git_dir",
+           "protect", "valid_head"]
 
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
 CREATED = ("hooks", "modules", "worktrees")  # made to exist, so that they can be read-only
+NESTED = ("modules", "worktrees")  # the git directories of submodules and worktrees
 CONFIG_CAP = 1 << 20  # bytes of one config file; a larger one is refused
 NESTED_CAP = 100_000  # entries walked in one git directory's modules/ or worktrees/
 GITDIR = "git directory: cannot be renamed or replaced"  # the reason of a git directory's pin
@@ -74,6 +76,24 @@ def _refuse(path: str, what: str, why: str) -> UsageError:
 def is_git_dir(names: set[str]) -> bool:
     """Whether a directory listing is one git opens as a repository (setup.c)."""
     return "HEAD" in names and ("commondir" in names or {"objects", "refs"} <= names)
+
+
+def valid_head(tree: fsops.Tree, rel: str) -> bool:
+    """Whether git could take ``rel``/HEAD for a repository's (``validate_headref``): used
+    where a listing alone would be too eager, at the top of a tree (a project with a file
+    named HEAD).  Anything but a plain file that is neither ``ref:`` nor an object id
+    counts: a link or a FIFO git might follow, or a file corral cannot read."""
+    head = f"{rel}/HEAD" if rel else "HEAD"
+    try:
+        st = tree.lstat(head)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return st is not None
+        text = (tree.read(head, 4096) or b"").lstrip()
+    except OSError:
+        return True
+    word = text.split(b"\n", 1)[0].strip()
+    return text.startswith(b"ref:") or (len(word) in (40, 64) and all(
+        c in b"0123456789abcdefABCDEF" for c in word))
 
 
 def holds_git_dir(tree: fsops.Tree, rel: str) -> bool:
@@ -171,6 +191,11 @@ def _hook_links(scope: Scope, tree: fsops.Tree, hooks: str) -> Iterator[Finding]
                 yield from _protect(scope, path, f"the hook {e.name} links to it", "file")
 
 
+def protect(scope: Scope, path: str, reason: str, kind: str) -> Iterator[Finding]:
+    """``path`` read-only wherever it lands in a writable tree (see :func:`_protect`)."""
+    return _protect(scope, path, reason, kind)
+
+
 def _protect(scope: Scope, path: str, reason: str, kind: str) -> Iterator[Finding]:
     """``path`` (as git would open it) read-only when it lands in a writable tree; missing
     there, a placeholder of ``kind`` is made so that it cannot be created."""
@@ -265,13 +290,39 @@ def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], lis
     repository (see :func:`git_findings`)."""
     entries: list[tuple[str, str | None]] = []
     found: list[Finding] = []
-    for raw in GLOBAL_CONFIGS:
+    for raw in global_paths():
         path = gitconfig.expand(raw, scope.home)
         if path is not None:
+            # The file itself, when it lands in a writable tree (launched from ~/.config,
+            # or ~/.gitconfig a link into a dotfiles project); missing there, a
+            # placeholder, so that the agent cannot create the user's global config.
+            found += _protect(scope, path, "the user's global git config", "file")
             more, named = gather(scope, path)
             entries += more
             found += named
     return tuple(entries), found
+
+
+def global_paths() -> list[str]:
+    """git's global config files: the usual ones, and those the launcher's environment
+    names instead (``GIT_CONFIG_GLOBAL``, ``GIT_CONFIG_SYSTEM``, ``XDG_CONFIG_HOME``: the
+    user's git on the host reads them); all are read, to protect more, never less."""
+    env, paths = os.environ, list(GLOBAL_CONFIGS)
+    for name in ("GIT_CONFIG_SYSTEM", "GIT_CONFIG_GLOBAL"):
+        if env.get(name):
+            paths.append(os.path.abspath(env[name]))
+    if env.get("XDG_CONFIG_HOME"):
+        paths.append(os.path.join(os.path.abspath(env["XDG_CONFIG_HOME"]), "git", "config"))
+    return paths
+
+
+def hook_folders(entries: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
+    """The relative ``core.hooksPath`` of the global config (the last one wins): git
+    takes it relative to each repository's work tree, new ones too."""
+    values = [v for n, v in entries if n == "core.hookspath" and v]
+    if not values or values[-1].startswith(("/", "~")):
+        return ()
+    return (values[-1],)
 
 
 def gitfile_target(tree: fsops.Tree, rel: str) -> str | None:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,7 +25,7 @@ from .errors import UsageError
 from .policy import Network, check_env_name, parse_duration, parse_size
 
 __all__ = ["LANGUAGES", "PROFILES", "Fetched", "Language", "RequestLimits", "RunRequest",
-           "decode_bytes", "encode_bytes", "strict_keys"]
+           "decode_bytes", "encode_bytes", "parse_json", "strict_keys"]
 
 MAX_FILES = 1000  # files placed in the workspace by one request
 MAX_FILES_BYTES = 64 << 20  # their contents, in all
@@ -54,6 +56,31 @@ LANGUAGES: dict[str, Language] = {
     "cpp": Language("main.cpp", "shell", ("./main",),
                     ("g++", "-O2", "-std=gnu++17", "-o", "main", "main.cpp", "-lm")),
 }
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def parse_json(text: bytes | str) -> Any:
+    """Standard JSON only: Python's parser also takes ``NaN`` and ``Infinity``, which no
+    limit, count or duration may be (``1e999`` is infinite too: numbers are checked finite
+    where they are read).  ValueError or RecursionError when it is not JSON."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
+def text_of(value: Any, where: str) -> str:
+    """``value`` as a string that is real Unicode text (JSON's ``"\\ud800"`` is a lone
+    surrogate: no file name, argument or variable can hold it)."""
+    if not isinstance(value, str):
+        raise UsageError(f"{where} must be a string", f"it is {value!r}", "")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{where} is not valid text", "it holds a lone UTF-16 surrogate",
+                         "send the characters themselves, or bytes as {\"base64\": ...}"
+                         ) from None
+    return value
 
 
 def encode_bytes(data: bytes) -> str | dict[str, str]:
@@ -98,6 +125,7 @@ def check_relative(path: Any, where: str) -> str:
     """A path beneath the workspace, as the request wrote it: relative, no ``..``, no NUL."""
     if not isinstance(path, str) or not path:
         raise UsageError(f"{where} must be a non-empty string", f"it is {path!r}", "")
+    text_of(path, where)
     parts = path.split("/")
     if (path.startswith("/") or any(p in ("", ".", "..") for p in parts)
             or any(c in path for c in "\0\n\r") or len(path.encode(errors="replace")) > MAX_PATH):
@@ -108,22 +136,19 @@ def check_relative(path: Any, where: str) -> str:
     return path
 
 
-def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise UsageError(f"{where} must be a string", f"it is {value!r}", "")
-    return value
+_text = text_of
 
 
 def _strings(value: Any, where: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise UsageError(f"{where} must be a list of strings", f"it is {value!r}", "")
-    return tuple(value)
+    return tuple(text_of(v, where) for v in value)
 
 
 def _table(value: Any, where: str) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
         raise UsageError(f"{where} must be an object of strings", f"it is {value!r}", "")
-    return tuple(value.items())
+    return tuple((text_of(k, where), text_of(v, where)) for k, v in value.items())
 
 
 def _count(value: Any, where: str) -> int:
@@ -133,8 +158,9 @@ def _count(value: Any, where: str) -> int:
 
 
 def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise UsageError(f"{where} must be a positive number", f"it is {value!r}", "")
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            or not math.isfinite(value)):
+        raise UsageError(f"{where} must be a positive, finite number", f"it is {value!r}", "")
     return float(value)
 
 
@@ -240,6 +266,7 @@ class RunRequest:
         self._check_files()
         for name, value in self.env:
             check_env_name(name)
+            text_of(value, f"env {name}")
             if "\0" in value:
                 raise UsageError(f"env {name} contains NUL", "", "remove the NUL byte")
         if len(self.fetch) > MAX_FETCH:
@@ -247,6 +274,8 @@ class RunRequest:
                              "fetch fewer files, or an archive of them")
         for path in self.fetch:
             check_relative(path, "fetch entry")
+        if self.id is not None:
+            text_of(self.id, "id")
         if self.id is not None and (not self.id or len(self.id) > MAX_ID
                                     or not self.id.isprintable()):
             raise UsageError(f"id {self.id[:MAX_ID]!r} is not usable",
@@ -260,6 +289,8 @@ class RunRequest:
         if self.command is not None and (not self.command or any("\0" in a for a in self.command)):
             raise UsageError("command must be a non-empty list without NUL bytes", "",
                              "write it like [\"python3\", \"main.py\"]")
+        for arg in self.command or ():
+            text_of(arg, "command")
         if self.code is not None and self.language not in LANGUAGES:
             raise UsageError(f"language {self.language!r} is not supported",
                              f"supported: {', '.join(LANGUAGES)}", "pick one of those")

@@ -97,6 +97,7 @@ class Layout(NamedTuple):
     shm_bytes: int
     notes: tuple[str, ...] = ()  # what preparing the agent's state did or skipped
     modes: tuple[tuple[str, int], ...] = ()  # folders bwrap makes, and their modes inside
+    hooks: tuple[str, ...] = ()  # the global config's relative core.hooksPath (the audit's)
     ptys: int = 0  # the sandbox's own devpts holds at most this many (0: no ptys)
 
     def entries(self) -> list[Entry]:
@@ -254,7 +255,7 @@ def _listed_read_only(policy: Policy, home: str, writable: Sequence[Entry]) -> l
     """Read-only paths the profile lists inside writable trees (an agent's own settings,
     whose hooks and commands run later, outside corral): re-mounted after the trees."""
     found = []
-    for raw in policy.read_only:
+    for raw in (*BASE_READ_ONLY, *policy.read_only):  # git's own files too (~/.config)
         path = _expand(raw, home)
         inside = any(_under(path, e.path) and path != e.path for e in writable)
         if inside and os.path.lexists(path):
@@ -329,6 +330,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     search = os.environ.get("PATH", os.defpath)
     found = interp.which_command(argv, search, base_dir=project)
     writable = _writable(policy, home, project)
+    state.check_apart(home, [e.path for e in writable])
     dirs = state.plan(policy, home, [e.path for e in writable])
     _check_state_alone(dirs, [*(e.path for e in writable),
                               *(_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only))])
@@ -336,8 +338,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
                           import_state) if prepare else []
     # Only the user's own trees are scanned: nothing in corral's copy of the agent's state
     # runs outside corral, and nothing is mounted inside it (no mount point to create).
-    findings, expected = _protections(policy, home, writable, (uid, gid) if host.is_root
-                                      else None, dry_run=not prepare)
+    findings, expected, hooks = _protections(policy, home, writable, (uid, gid) if host.is_root
+                                             else None, dry_run=not prepare)
     needs, installs = program.needed(found, hidden, home, uid, gid)
     read_only = _read_only(policy, home, needs, host, hidden, writable)
     for e in read_only:  # an interpreter's installation holds its library, nobody's secrets
@@ -357,7 +359,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),
         read_only=tuple(read_only), writable=all_writable, findings=tuple(findings),
         tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes,
-        notes=tuple(notes), modes=tuple(modes.items()), ptys=resolve.pty_bound(policy, host))
+        notes=tuple(notes), modes=tuple(modes.items()), hooks=hooks,
+        ptys=resolve.pty_bound(policy, host))
     config, seccomp_program = resolve.kernel_layers(policy, host, uid, gid,
                                                     [*(e.path for e in layout.writable),
                                                      "/var/tmp"])
@@ -380,7 +383,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
 
 def _protections(policy: Policy, home: str, writable: Sequence[Entry],
                  owner: tuple[int, int] | None, dry_run: bool
-                 ) -> tuple[list[Finding], list[list[object]]]:
+                 ) -> tuple[list[Finding], list[list[object]], tuple[str, ...]]:
     """What stays read-only, hidden or pinned inside the writable trees, and what the
     init checks of it from inside (see :mod:`corral.discover`)."""
     roots = Roots([fsops.Tree(e.path, owner) for e in writable if e.kind == "dir"])
@@ -391,12 +394,13 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
         for tree in roots.trees:
             findings += discover.scan(tree, scope, policy.allow_secrets, policy.protect)
         findings += _listed_read_only(policy, home, writable)
+        findings += discover.home_links(scope, home)
         findings = discover.with_parents(findings, scope)
         expected = []
         for tree in roots.trees:  # each finding is checked from its nearest tree
             mine = [f for f in findings if (held := roots.find(f.path)) and held[0] is tree]
             expected += discover.verify_unchanged(tree, mine)
-        return findings, expected
+        return findings, expected, repos.hook_folders(inherited)
     finally:
         roots.close()
 

@@ -31,7 +31,7 @@ from ..errors import UsageError
 from ..fsops import Tree
 from ..policy import Policy
 
-__all__ = ["STORE", "StateDir", "plan", "prepare"]
+__all__ = ["STORE", "StateDir", "check_apart", "plan", "prepare"]
 
 STORE = ".local/state/corral/agents"  # beneath the agent's home directory
 FILE_CAP = 16 << 20  # one imported file
@@ -72,6 +72,22 @@ def plan(policy: Policy, home: str, covered: Sequence[str] = ()) -> list[StateDi
             continue
         out.append(StateDir(dest, os.path.join(home, store, _rel(d)), f"{store}/{_rel(d)}"))
     return out
+
+
+def check_apart(home: str, writable: Sequence[str]) -> None:
+    """No writable tree may hold, or lie in, corral's copies of the agents' state: they
+    hold every profile's login, and what one profile's copy holds runs in that agent."""
+    store = os.path.realpath(os.path.join(home, STORE))
+    for path in writable:
+        if _inside(store, path) or _inside(path, store):
+            raise UsageError(f"refusing to make {path} writable: it holds or lies in "
+                             f"corral's copies of the agents' state ({store})",
+                             "they hold every agent profile's login and code it runs",
+                             "run from a project directory outside it")
+
+
+def _inside(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def prepare(policy: Policy, home: str, owner: tuple[int, int] | None, dirs: Sequence[StateDir],

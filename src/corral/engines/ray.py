@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -45,6 +46,7 @@ class RayEngine:
                              "pip install 'corral[ray]'") from None
         if self.here:  # imported before the variable was set: the same switch, by hand
             ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+        self.saved_env: dict[str, str | None] = {}  # what _own_token changed
         self.workers = workers or 0
         self.retries = retries
         self.runs_dir = runs_dir
@@ -58,6 +60,8 @@ class RayEngine:
             return False
         quiet: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                  "logging_level": logging.WARNING, "configure_logging": False}
+        if self.address is None:
+            self._own_token()
         try:
             # No address: a new Ray of its own ("local"), never whatever cluster happens to
             # be running on this machine (Ray's own default would join it).
@@ -69,16 +73,57 @@ class RayEngine:
                              "start it with 'ray start --head', or check --address") from None
         return True
 
+    def _own_token(self) -> None:
+        """A Ray of corral's own gets a fresh token, in the environment of its processes
+        only.  Left to itself, Ray writes one to ~/.ray/auth_token, mode 0644: in a home
+        other users may enter (useradd's default here), any local user could read it, and
+        whoever holds it may run code on the cluster as the user who runs the batch.  A
+        RAY_AUTH_MODE set by the user stands."""
+        if "RAY_AUTH_MODE" in os.environ:
+            return
+        self.saved_env = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+        _reload_auth()
+
+    def _restore_env(self) -> None:
+        for name, value in self.saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if self.saved_env:
+            _reload_auth()
+        self.saved_env = {}
+
     def map(self, requests: Iterable[RunRequest]) -> Iterator[RunResult]:
         import ray
 
         from .. import ray as corral_ray
 
-        owned = self._join()
+        owned = False
         try:
+            owned = self._join()
             options = {} if self.retries is None else {"max_retries": self.retries}
             yield from corral_ray.map(requests, in_flight=self.workers or None,
                                       runs_dir=self.runs_dir, keep=self.keep, **options)
         finally:
             if owned:
                 ray.shutdown()
+            self._restore_env()
+
+
+def _reload_auth() -> None:
+    """Make this process's Ray read the auth variables again: its config and its token are
+    cached from the first use, and a cluster started with a token this process does not
+    present refuses it ("InvalidAuthToken").  Ray's own tests do the same; Rays without
+    token authentication have neither, and need nothing."""
+    try:
+        from ray._raylet import (  # type: ignore[attr-defined]  # not in its stubs
+            AuthenticationTokenLoader,
+            Config,
+        )
+    except ImportError:
+        return
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()

@@ -6,19 +6,17 @@ and maps its errors to exit 125; the MCP SDK is imported only once the options a
 from __future__ import annotations
 
 import argparse
-import os
-import stat
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import httpauth
 from ..errors import UsageError
+from ..httpauth import add_argument as add_token_argument
 from ..policy import Policy, parse_duration
 from ..request import PROFILES
 
 __all__ = ["add_arguments", "serve"]
-
-MAX_TOKEN_FILE = 4096
 
 
 def add_arguments(m: argparse.ArgumentParser) -> None:
@@ -36,8 +34,7 @@ def add_arguments(m: argparse.ArgumentParser) -> None:
                    "token)")
     m.add_argument("--port", type=int, default=8000, help="HTTP: port (default 8000; 0 picks "
                    "a free one, printed on stderr)")
-    m.add_argument("--token-file", metavar="FILE", help="HTTP: clients must send "
-                   "'Authorization: Bearer' this file's token (or set CORRAL_MCP_TOKEN)")
+    add_token_argument(m, "HTTP: ")
     m.add_argument("--max-sessions", metavar="N", default="8",
                    help="HTTP: sessions open at once, each with a workspace (default 8)")
     m.add_argument("--idle-timeout", metavar="SECONDS", default="30m",
@@ -65,24 +62,6 @@ def _profile(name: str | None) -> str:
     return profile
 
 
-def read_token(path: str | None) -> str | None:
-    """The HTTP token: from ``path`` (a file only its owner may read) or $CORRAL_MCP_TOKEN."""
-    if path is None:
-        return os.environ.get("CORRAL_MCP_TOKEN") or None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise UsageError(f"cannot read --token-file {path}", e.strerror or str(e),
-                         "check the path") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_mode & 0o077:
-            raise UsageError(f"--token-file {path} must be a regular file only its owner can "
-                             "read", "whoever reads it can run code through this server",
-                             f"chmod 600 {path}")
-        return f.read(MAX_TOKEN_FILE).decode("utf-8", errors="replace")
-
-
 def serve(args: argparse.Namespace, policy_of: Callable[[argparse.Namespace, str], Policy],
           env_of: Callable[[Sequence[str]], list[tuple[str, str]]]) -> int:
     """Check every option, then serve until the client or a signal ends it; 0 when it did."""
@@ -96,7 +75,7 @@ def serve(args: argparse.Namespace, policy_of: Callable[[argparse.Namespace, str
     except ImportError as e:
         raise UsageError("corral mcp needs the MCP SDK", str(e),
                          "install it: pip install 'corral[mcp]'") from None
-    token = front.check_token(read_token(args.token_file), args.host) \
+    token = httpauth.required(httpauth.read_token(args.token_file), args.host, "corral mcp") \
         if args.transport == "http" else None
     if args.dry_run:
         _dry_run(policy, args.runs_dir, env)

@@ -20,15 +20,13 @@ reason; the server itself never stops for one.
 
 from __future__ import annotations
 
-import hmac
-import ipaddress
 import json
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,19 +36,19 @@ import mcp_types as types
 from mcp.server.connection import Connection
 from mcp.server.lowlevel.server import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from .. import __version__
+from .. import __version__, httpauth
 from ..errors import CorralError, UsageError
 from . import session as sessions
 from . import tools
 
-__all__ = ["Front", "check_token", "is_loopback", "serve"]
+__all__ = ["Front", "serve"]
 
 log = logging.getLogger("corral.mcp")
 STATE_KEY = "corral.session"
-MIN_TOKEN = 16  # characters in an HTTP bearer token
 
 
 @dataclass
@@ -167,50 +165,20 @@ def _error(message: str) -> types.CallToolResult:
                                 is_error=True)
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_token(token: str | None, host: str) -> str | None:
-    """The token HTTP clients must send, checked; UsageError when it is unusable or missing
-    where one is required (any address but loopback)."""
-    if token is None:
-        if not is_loopback(host):
-            raise UsageError(f"corral mcp on {host} needs a token",
-                             "anyone who can reach the address could run code and read the "
-                             "sessions' files", "set CORRAL_MCP_TOKEN, or pass --token-file "
-                             "FILE; clients send Authorization: Bearer TOKEN")
+def rebinding_guard(host: str) -> TransportSecuritySettings | None:
+    """The SDK's Host and Origin checks for a server on any loopback address (None: off
+    loopback, where the token guards).  The SDK turns them on by itself for 127.0.0.1,
+    localhost and ::1 only: bound to 127.0.0.2, a web page whose name was rebound to it
+    reached the server, which needs no token there."""
+    if not httpauth.is_loopback(host):
         return None
-    token = token.strip()
-    if len(token) < MIN_TOKEN or not token.isprintable() or " " in token:
-        raise UsageError("the MCP token is too short or has spaces",
-                         f"a token is at least {MIN_TOKEN} printable characters",
-                         "make one with: openssl rand -hex 32")
-    return token
-
-
-class RequireToken:
-    """ASGI wrapper: every HTTP request must carry ``Authorization: Bearer TOKEN``."""
-
-    def __init__(self, app: Callable[..., Awaitable[None]], token: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            got = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(got, self.expected):
-                body = b'{"error": "corral: a valid Authorization: Bearer token is required"}'
-                await send({"type": "http.response.start", "status": 401, "headers": [
-                    (b"content-type", b"application/json"), (b"www-authenticate", b"Bearer")]})
-                await send({"type": "http.response.body", "body": body})
-                return
-        await self.app(scope, receive, send)
+    names = ["127.0.0.1", "localhost", "[::1]"]
+    bound = f"[{host}]" if ":" in host else host
+    if bound not in names:
+        names.append(bound)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True, allowed_hosts=[f"{n}:*" for n in names],
+        allowed_origins=[f"http://{n}:*" for n in names])
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -250,15 +218,20 @@ async def _http(front: Front, sock: socket.socket, token: str | None, idle_s: fl
                 max_sessions: int) -> None:
     import uvicorn
 
+    from ..httpguard import protocol
+
     host, port = sock.getsockname()[:2]
     app: Any = front.mcp.streamable_http_app(
-        host=host, session_idle_timeout=idle_s, max_sessions=max_sessions)
+        host=host, session_idle_timeout=idle_s, max_sessions=max_sessions,
+        transport_security=rebinding_guard(host))
     if token is not None:
-        app = RequireToken(app, token)
+        app = httpauth.RequireToken(app, token)
     shown = f"[{host}]" if ":" in host else host
     print(f"corral: mcp: listening on http://{shown}:{port}/mcp", file=sys.stderr, flush=True)
+    # corral.httpguard: uvicorn alone waits for a request head forever (1,100 idle
+    # connections used up a 1,024-descriptor server).
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                            timeout_graceful_shutdown=10)
+                            timeout_graceful_shutdown=10, http=protocol())
     await uvicorn.Server(config).serve(sockets=[sock])
 
 
@@ -274,7 +247,7 @@ def serve(server: sessions.Server, transport: str, *, host: str = "127.0.0.1",
                   file=sys.stderr, flush=True)
             anyio.run(_stdio, front)
             return
-        token = check_token(token, host)
+        token = httpauth.required(token, host, "corral mcp")
         sock = _listen(host, port)
         # uvicorn handles SIGTERM and SIGINT itself: a graceful stop, the SDK's sessions
         # ended (their workspaces removed), then the lifespan's cleanup.

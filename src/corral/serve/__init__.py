@@ -10,11 +10,14 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from typing import Any
 
 from ..errors import UsageError
+from ..httpauth import add_argument as add_token_argument
+from ..httpauth import read_token
 from .config import Caps, Config
 
-__all__ = ["Caps", "Config", "add_arguments", "main", "serve"]
+__all__ = ["Caps", "Config", "add_arguments", "main", "serve", "uvicorn_options"]
 
 
 def serve(config: Config) -> None:
@@ -27,12 +30,19 @@ def serve(config: Config) -> None:
                          "pip install 'corral[serve]'") from None
     from .app import App
 
-    backlog = config.workers + config.queue
-    uvicorn.run(App(config), host=config.host, port=config.port, log_level="warning",
-                access_log=False, lifespan="on", timeout_graceful_shutdown=None,
-                # Connections beyond this get uvicorn's 503 before their bodies are read: what
-                # waits for admission is bounded by it, times the body cap.
-                limit_concurrency=2 * backlog + 16, backlog=2 * backlog + 16)
+    uvicorn.run(App(config), **uvicorn_options(config))
+
+
+def uvicorn_options(config: Config) -> dict[str, Any]:
+    """How uvicorn serves ``config``.  No ``limit_concurrency``: it counts idle connections,
+    so a few hundred of them made every request a 503.  Idle and slow connections are bounded
+    by :mod:`corral.httpguard` instead, the bytes held by ``--max-pending``, the runs by the
+    queue."""
+    from ..httpguard import protocol
+
+    return {"host": config.host, "port": config.port, "log_level": "warning",
+            "access_log": False, "lifespan": "on", "timeout_graceful_shutdown": None,
+            "http": protocol(), "backlog": 2 * (config.workers + config.queue) + 16}
 
 
 def add_arguments(s: argparse.ArgumentParser) -> None:
@@ -42,21 +52,25 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
                      "(SandboxFusion's API), POST /v1/runs (corral's RunRequest), GET /healthz "
                      "and /metrics.  Needs corral[serve].  See docs/scale.md.")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; "
-                   "any other needs --token-file)")
+                   "any other needs a token)")
     s.add_argument("--port", default="8080", metavar="N")
     s.add_argument("--workers", metavar="N", help="runs at once (default: two per core)")
     s.add_argument("--queue", default="256", metavar="N",
                    help="requests that may wait beyond those (default 256); more get 429")
-    s.add_argument("--token-file", metavar="FILE", help="clients must send "
-                   "'Authorization: Bearer TOKEN' with the token in FILE")
+    add_token_argument(s)
     s.add_argument("--max-timeout", default="60", metavar="SECONDS",
                    help="the longest run (and compile step) a request may ask for")
     s.add_argument("--max-memory", default="2G", metavar="SIZE")
     s.add_argument("--max-output", default="8M", metavar="SIZE",
                    help="captured stdout and stderr of one run, each")
     s.add_argument("--max-body", default="32M", metavar="SIZE", help="one request's body")
+    s.add_argument("--max-pending", default="256M", metavar="SIZE",
+                   help="request bodies and answers held at once, in all; beyond it 429")
     s.add_argument("--allow-domain", metavar="NAME", action="append", default=[],
                    help="a name requests may ask to reach (repeatable; default: none)")
+    s.add_argument("--allow-host", metavar="NAME", action="append", default=[],
+                   help="bound to loopback, also answer requests naming NAME in Host and "
+                   "Origin (a reverse proxy's name; repeatable)")
     s.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
 
 
@@ -66,14 +80,7 @@ def main(args: argparse.Namespace) -> int:
     from ..engines.local import default_workers
     from ..policy import parse_duration, parse_size
 
-    token = None
-    if args.token_file:
-        try:
-            with open(args.token_file) as f:
-                token = f.read().strip()
-        except OSError as e:
-            raise UsageError(f"cannot read {args.token_file}", e.strerror or str(e),
-                             "give a file holding the token") from None
+    token = read_token(args.token_file)
     longest = parse_duration(args.max_timeout, "--max-timeout")
     caps = replace(Caps(), timeout_s=longest, compile_timeout_s=longest,
                    memory_bytes=parse_size(args.max_memory, "--max-memory"),
@@ -83,7 +90,9 @@ def main(args: argparse.Namespace) -> int:
                     else default_workers(), queue=int(args.queue) if args.queue.isdigit()
                     else -1, token=token, caps=caps,
                     max_body=parse_size(args.max_body, "--max-body"),
-                    allow_domains=tuple(args.allow_domain), runs_dir=args.runs_dir)
+                    max_pending=parse_size(args.max_pending, "--max-pending"),
+                    allow_domains=tuple(args.allow_domain),
+                    allow_hosts=tuple(args.allow_host), runs_dir=args.runs_dir)
     print(f"corral: serving on http://{args.host}:{config.port} "
           f"({config.workers} at once, {config.queue} queued)", file=sys.stderr, flush=True)
     serve(config)

@@ -12,12 +12,10 @@ from dataclasses import dataclass, field, fields, replace
 
 from ..engines.local import default_workers
 from ..errors import UsageError
+from ..httpauth import required
 from ..request import LIMIT_KEYS, RequestLimits, RunRequest
 
 __all__ = ["Caps", "Config", "cap_request"]
-
-LOOPBACK = ("127.0.0.1", "::1", "localhost")
-MIN_TOKEN = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,17 +42,24 @@ class Config:
     token: str | None = None
     caps: Caps = field(default_factory=Caps)
     max_body: int = 32 << 20  # bytes of one request body
+    max_pending: int = 256 << 20  # bytes of bodies and answers held at once (read to sent)
     allow_domains: tuple[str, ...] = ()  # the only names a request may ask to reach
+    allow_hosts: tuple[str, ...] = ()  # names accepted in Host and Origin besides loopback's
     runs_dir: str | None = None
 
     def __post_init__(self) -> None:
-        if self.token is None and self.host not in LOOPBACK:
-            raise UsageError(f"serving on {self.host} needs a token",
-                             "anyone who reaches the port could run code on this machine",
-                             "pass --token-file FILE (or bind 127.0.0.1)")
-        if self.token is not None and len(self.token) < MIN_TOKEN:
-            raise UsageError("the token is too short", f"it needs at least {MIN_TOKEN} "
-                             "characters", "generate one: head -c 32 /dev/urandom | base64")
+        # corral.httpauth's rules, as for corral mcp; the token kept without its newline.
+        object.__setattr__(self, "token", required(self.token, self.host, "corral serve"))
+        if any(not name or name != name.strip().lower() or "/" in name
+               for name in self.allow_hosts):
+            raise UsageError(f"--allow-host {self.allow_hosts!r} is not a list of host names",
+                             "each is a name or address as clients put it in Host, in "
+                             "lower case, without a port", "write it like --allow-host "
+                             "sandbox.internal")
+        if self.max_pending < self.max_body:
+            raise UsageError("--max-pending is below --max-body",
+                             "a request of the largest size could never be taken",
+                             "give --max-pending at least --max-body")
         if self.workers < 1 or self.queue < 0:
             raise UsageError("--workers must be at least 1 and --queue at least 0", "", "")
 

@@ -20,6 +20,7 @@ bash, c, cpp).
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any
 
 from ..api import Result
@@ -31,6 +32,7 @@ from ..request import (
     check_relative,
     decode_bytes,
     strict_keys,
+    text_of,
 )
 from ..result import RunResult
 
@@ -42,7 +44,8 @@ DEFAULT_TIMEOUT_S = 10.0  # SandboxFusion's defaults for both timeouts
 
 
 def _seconds(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+    if (isinstance(value, bool) or not isinstance(value, int | float) or not value > 0
+            or not math.isfinite(value)):
         raise UsageError(f"{key} must be a positive number of seconds", f"it is {value!r}", "")
     return float(value)
 
@@ -84,9 +87,9 @@ def request_from_fusion(data: Any) -> RunRequest:
         compile_timeout_s=_seconds(obj.get("compile_timeout", DEFAULT_TIMEOUT_S),
                                    "compile_timeout"),
         memory_bytes=memory << 20 if memory > 0 else None)
-    return RunRequest(code=code, language=language, stdin=None if stdin is None else
-                      stdin.encode(), files=_files(obj.get("files", {})), fetch=tuple(fetch),
-                      limits=limits)
+    return RunRequest(code=text_of(code, "code"), language=language,
+                      stdin=None if stdin is None else decode_bytes(stdin, "stdin"),
+                      files=_files(obj.get("files", {})), fetch=tuple(fetch), limits=limits)
 
 
 def _text(data: bytes | None) -> str | None:

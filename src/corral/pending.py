@@ -1,0 +1,159 @@
+"""Audits owed by agent runs whose launcher never unwound (SIGKILL, a power cut).
+
+The audit (:mod:`corral.audit`) needs corral to unwind; SIGKILL skips it, and bwrap's
+``--die-with-parent`` ends the sandbox but leaves what it planted.  So before an agent
+run starts, its census is written to ``RUNS/.pending/<run-id>.json`` (private to the
+launcher), and removed once its audit is done.  The next ``corral agent`` or ``corral
+shell`` with the same runs directory finds the census of every run whose launcher is
+gone (its pid and start time no longer match a live process) and audits it first, into
+``RUNS/<run-id>/quarantine-after-kill``, before its own scan (which would otherwise
+refuse a planted ``commondir``, and take the plants for the user's own files).
+
+What this does not do: audit before the user's own next ``git`` on the host; only
+corral's next launch.  A pending file is trusted as corral's own only when it lies in
+the launcher's runs directory, is a regular file of the launcher's uid, and every tree
+it names still passes :func:`guard.check_writable_root`; a runs directory inside the
+project gets no pending file at all (the agent could write one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+from collections.abc import Sequence
+from typing import Any
+
+from . import guard
+from .audit import Action, Auditor, Census
+from .errors import UsageError
+
+__all__ = ["owe", "recover", "settle"]
+
+PENDING = ".pending"
+CAP = 8 << 20  # bytes of one pending census (mount bounds keep real ones far smaller)
+
+
+def _started(pid: int) -> str | None:
+    """The start time of process ``pid`` (``/proc/PID/stat`` field 22), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _to_json(census: Census) -> dict[str, Any]:
+    return {"trees": [[t, list(o) if o else None] for t, o in census.trees],
+            "names": sorted(census.names), "gitdirs": sorted(census.gitdirs),
+            "linked": sorted(census.linked), "protected": sorted(census.protected),
+            "placeholders": [list(p) for p in census.placeholders],
+            "hook_folders": list(census.hook_folders), "started_ns": census.started_ns}
+
+
+def _from_json(data: dict[str, Any]) -> Census:
+    trees = tuple((str(t), (int(o[0]), int(o[1])) if o else None) for t, o in data["trees"])
+    return Census(trees, frozenset(map(str, data["names"])),
+                  gitdirs=frozenset(map(str, data["gitdirs"])),
+                  linked=frozenset(map(str, data["linked"])),
+                  protected=frozenset(map(str, data["protected"])),
+                  placeholders=tuple((str(p), int(d), int(i))
+                                     for p, d, i in data["placeholders"]),
+                  hook_folders=tuple(map(str, data.get("hook_folders", ()))),
+                  started_ns=int(data["started_ns"]))
+
+
+def owe(runs_dir: str, run_id: str, census: Census, root: str | None,
+        writable: Sequence[str]) -> str | None:
+    """Write the census of the run about to start; its path, to :func:`settle` once
+    audited (None: none written, as for a runs directory inside a writable tree)."""
+    runs = os.path.realpath(runs_dir)
+    if any(runs == w or runs.startswith(w.rstrip("/") + "/") for w in writable):
+        return None
+    folder = os.path.join(runs, PENDING)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, f"{run_id}.json")
+    entry = {"pid": os.getpid(), "started": _started(os.getpid()), "root": root,
+             "census": _to_json(census)}
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(entry, f)
+    return path
+
+
+def settle(path: str | None) -> None:
+    """The run was audited: it owes nothing any more."""
+    if path is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+def recover(runs_dir: str) -> list[Action]:
+    """Audit every run of ``runs_dir`` whose launcher died before auditing it."""
+    folder = os.path.join(os.path.realpath(runs_dir), PENDING)
+    try:
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+    except OSError:
+        return []
+    actions: list[Action] = []
+    for name in names:
+        path = os.path.join(folder, name)
+        entry = _load(path)
+        if entry is None:
+            continue
+        if entry.get("started") is not None and \
+                _started(int(entry.get("pid", 0))) == entry["started"]:
+            continue  # its launcher still runs: its own audit is to come
+        census = _trusted(entry)
+        if census is not None:
+            root = entry.get("root") or os.path.join(os.path.dirname(folder),
+                                                     name[:-len(".json")])
+            done = Auditor(census, _maker(str(root))).run()
+            actions += [Action(a.path, a.did, f"{a.why} (left by a run whose corral was "
+                                              "killed before its audit)", a.to) for a in done]
+        settle(path)
+    return actions
+
+
+def _load(path: str) -> dict[str, Any] | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > CAP:
+            return None
+        try:
+            data = json.loads(f.read(CAP))
+        except ValueError:
+            return None
+    return data if isinstance(data, dict) else None
+
+
+def _trusted(entry: dict[str, Any]) -> Census | None:
+    """The census, if every tree it names could still be a project (never a home, a
+    system folder or one holding credentials)."""
+    try:
+        census = _from_json(entry["census"])
+        for top, _ in census.trees:
+            if guard.check_writable_root(top, "audited tree") != top:
+                return None
+    except (KeyError, TypeError, ValueError, UsageError):
+        return None
+    return census
+
+
+def _maker(root: str) -> Any:
+    made: list[str] = []
+
+    def make() -> str:
+        if not made:
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            path = os.path.join(root, "quarantine-after-kill")
+            os.mkdir(path, 0o700)
+            made.append(path)
+        return made[0]
+    return make

@@ -1,0 +1,381 @@
+"""The red-team review of agent mode after issues 10 and 16: the next member of each class.
+
+Each test reproduces one way out that held on main before its fix, as root and as the
+unprivileged user, beside its negative control: the same attempt under the seed's naive
+sandbox succeeds, and the host's own git (or shell) then obeys what was planted.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from agent_lab import Lab, agent, naive
+from conftest import Identity
+
+pytestmark = pytest.mark.sandbox
+
+
+def _host_git(who: Identity, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """git on the host, as the identity under test (root trusts the user's folder, as a
+    root who ran ``git config --global safe.directory '*'`` would)."""
+    return who.run(["git", "-c", "safe.directory=*", *args], cwd=cwd)
+
+
+# --- the audit: a folder the payload locked must not stop it ---------------------------
+
+LOCKED_HOOK = ("git init -q planted && printf '#!/bin/sh\\necho HOOK-RAN\\n' > "
+               "planted/.git/hooks/pre-commit && chmod 755 planted/.git/hooks/pre-commit && "
+               "mkdir -p zz/.git && cp -r planted/.git/. zz/.git/ && "
+               "chmod 111 planted/.git/hooks && mkdir locked && chmod 000 locked; "
+               "echo PLANTED")
+
+
+def test_a_folder_the_payload_locked_cannot_stop_the_audit(who: Identity, lab: Lab) -> None:
+    """``chmod 111 hooks`` keeps the hook runnable for git (search is all exec needs) but
+    made the audit's listing fail with EACCES, which ended the whole audit: the hook, and
+    everything the walk had not reached yet, stayed."""
+    r = agent(who, lab, LOCKED_HOOK)
+    assert "PLANTED" in r.stdout, r
+    for repo in ("planted", "zz"):
+        hooks = lab.project / repo / ".git" / "hooks"
+        subprocess.run(["chmod", "-R", "u+rwx", str(hooks.parent)], check=False)
+        assert not (hooks / "pre-commit").exists(), (repo, r.stderr)
+    assert "quarantined" in r.stderr and "could not finish" not in r.stderr, r.stderr
+    subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("planted", "zz", "locked"))],
+                   check=True)
+    # Control: under the naive sandbox the locked hook stays, and host git runs it.
+    naive(who, lab, LOCKED_HOOK)
+    ran = _host_git(who, lab.project / "planted", "-c", "user.name=u", "-c",
+                    "user.email=u@example.invalid", "commit", "-q", "--allow-empty", "-m", "x")
+    assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    subprocess.run(["chmod", "-R", "u+rwx", str(lab.project)], check=False)
+    subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("planted", "zz", "locked"))],
+                   check=True)
+
+
+# --- the top of a writable tree is a directory git may open as a repository -------------
+
+TOP_PLANT = ("mkdir -p objects refs/heads hooks && echo 'ref: refs/heads/main' > HEAD && "
+             "printf '[core]\\n\\tbare = false\\n\\tworktree = .\\n\\tfsmonitor = "
+             "\"echo FSMONITOR-RAN #\"\\n' > config && "
+             "printf '#!/bin/sh\\necho HOOK-RAN\\n' > hooks/pre-commit && "
+             "chmod 755 hooks/pre-commit; echo PLANTED")
+
+
+def _plain_project(lab: Lab) -> Path:
+    """A project that is not (yet) a git repository."""
+    project = lab.home / "dev" / f"plain-{uuid.uuid4().hex[:8]}"
+    project.mkdir()
+    (project / "main.py").write_text("print('hi')\n")
+    lab.own(project)
+    return project
+
+
+def test_a_repository_planted_at_the_projects_top_is_audited(who: Identity, lab: Lab
+                                                             ) -> None:
+    """git opens a folder without ``.git`` as a repository of its own when it holds
+    ``HEAD``, ``objects/`` and ``refs/``; ``core.worktree`` then gives it a work tree and
+    ``core.fsmonitor`` runs on the next ``git status`` (a shell prompt).  The scan and the
+    audit looked for such repositories everywhere but at the top of the tree."""
+    project = _plain_project(lab)
+    r = agent(who, lab, TOP_PLANT, cwd=project)
+    assert "PLANTED" in r.stdout, r
+    seen = _host_git(who, project, "config", "--get", "core.fsmonitor")
+    assert "FSMONITOR" not in seen.stdout, r.stderr
+    assert not (project / "hooks" / "pre-commit").exists(), r.stderr
+    assert "quarantined" in r.stderr, r.stderr
+    # Control: the naive sandbox plants the same, and host git obeys it.
+    shutil.rmtree(project)
+    project = _plain_project(lab)
+    naive(who, lab, TOP_PLANT, cwd=project)
+    seen = _host_git(who, project, "config", "--get", "core.fsmonitor")
+    assert "FSMONITOR-RAN" in seen.stdout, seen
+    top = _host_git(who, project, "rev-parse", "--absolute-git-dir")
+    assert top.stdout.strip() == str(project), top
+
+
+# --- what the host runs from the home directory, kept in the project ---------------------
+
+def test_home_files_that_link_into_the_project_stay_read_only(who: Identity, lab: Lab
+                                                              ) -> None:
+    """Dotfile managers (stow, rcm, dotbot, yadm's alt links) make ``~/.gitconfig`` and
+    ``~/.bashrc`` links into a dotfiles repository.  An agent working on that repository
+    wrote the user's global git config (``core.fsmonitor``, ``core.pager``) and shell
+    start-up file through the project: corral said both were read-only."""
+    project = lab.project
+    (project / "gitconfig").write_text("[user]\n\tname = Dot Files\n")
+    (project / "bashrc").write_text("# rc\n")
+    lab.own(project)
+    gitconfig, bashrc = lab.home / ".gitconfig", lab.home / ".bashrc"
+    bashrc.unlink()
+    gitconfig.symlink_to(project / "gitconfig")
+    bashrc.symlink_to(project / "bashrc")
+    lab.own(gitconfig, bashrc)
+    script = ("(printf '[core]\\n\\tfsmonitor = \"echo FSMONITOR-RAN #\"\\n' >> gitconfig) "
+              "2>/dev/null && echo WROTE-GIT; (echo 'echo RC-RAN' >> bashrc) 2>/dev/null && "
+              "echo WROTE-RC; echo DONE")
+    try:
+        r = agent(who, lab, script)
+        assert "DONE" in r.stdout and "WROTE" not in r.stdout, r
+        env = {"HOME": str(lab.home)}
+        seen = who.run(["git", "config", "--global", "--get", "core.fsmonitor"], env=env)
+        assert "FSMONITOR" not in seen.stdout
+        # Control: the naive sandbox writes both, and host git obeys the global config.
+        ctl = naive(who, lab, script)
+        assert "WROTE-GIT" in ctl.stdout and "WROTE-RC" in ctl.stdout, ctl
+        seen = who.run(["git", "config", "--global", "--get", "core.fsmonitor"], env=env)
+        assert "FSMONITOR-RAN" in seen.stdout, seen
+    finally:
+        gitconfig.unlink(missing_ok=True)
+        bashrc.unlink(missing_ok=True)
+        bashrc.write_text("# rc\n")
+        lab.own(bashrc)
+
+
+def test_gits_own_files_stay_read_only_when_the_project_holds_them(who: Identity, lab: Lab
+                                                                   ) -> None:
+    """Launched from ``~/.config`` (a dotfiles repository kept there), the profile's
+    read-only ``~/.config/git/config`` was skipped as "inside a writable tree" and never
+    re-mounted: the agent wrote the user's global git config."""
+    gitdir = lab.home / ".config" / "git"
+    gitdir.mkdir(parents=True, exist_ok=True)
+    (gitdir / "config").write_text("[user]\n\tname = Config\n")
+    lab.own(lab.home / ".config")
+    project = lab.home / ".config"
+    script = ("(printf '[core]\\n\\tpager = \"echo PAGER-RAN #\"\\n' >> git/config) "
+              "2>/dev/null && echo WROTE; echo DONE")
+    try:
+        r = agent(who, lab, script, cwd=project)
+        assert "DONE" in r.stdout and "WROTE" not in r.stdout, r
+        ctl = naive(who, lab, script, cwd=project)
+        assert "WROTE" in ctl.stdout, ctl
+        seen = who.run(["git", "config", "--global", "--get", "core.pager"],
+                       env={"HOME": str(lab.home)})
+        assert "PAGER-RAN" in seen.stdout, seen
+    finally:
+        shutil.rmtree(gitdir, ignore_errors=True)
+
+
+def test_a_git_directory_is_not_needed_for_the_top_check(who: Identity, lab: Lab) -> None:
+    """Negative space for the top-of-tree check: an ordinary project whose top holds a file
+    named HEAD (and folders named objects and refs) but no valid HEAD still runs."""
+    project = _plain_project(lab)
+    (project / "objects").mkdir()
+    (project / "refs").mkdir()
+    (project / "HEAD").write_text("not a ref\n")
+    lab.own(project)
+    r = agent(who, lab, "echo RAN", cwd=project)
+    assert r.returncode == 0 and "RAN" in r.stdout, r
+
+
+DISGUISE = ("mkdir -p src/objects src/refs && echo 'ref: refs/heads/main' > src/HEAD && "
+            "git init -q src/lib && printf '#!/bin/sh\\necho HOOK-RAN\\n' > "
+            "src/lib/.git/hooks/pre-commit && chmod 755 src/lib/.git/hooks/pre-commit && "
+            "echo 'echo ENVRC-RAN' > src/.envrc; echo PLANTED")
+
+
+def test_a_folder_that_looks_like_a_repository_hides_nothing_from_the_audit(
+        who: Identity, lab: Lab) -> None:
+    """Three names (``HEAD``, ``objects/``, ``refs/``) made ``src/`` a bare repository to
+    the audit, which then looked only at git's control files there and never beneath:
+    a new repository with a hook in ``src/lib`` and a ``src/.envrc`` stayed."""
+    r = agent(who, lab, DISGUISE)
+    assert "PLANTED" in r.stdout, r
+    assert not (lab.project / "src" / "lib" / ".git" / "hooks" / "pre-commit").exists(), r
+    assert not (lab.project / "src" / ".envrc").exists(), r.stderr
+    shutil.rmtree(lab.project / "src")
+    # Control: planted by the naive sandbox, host git in src/lib runs the hook.
+    naive(who, lab, DISGUISE)
+    ran = _host_git(who, lab.project / "src" / "lib", "-c", "user.name=u", "-c",
+                    "user.email=u@example.invalid", "commit", "-q", "--allow-empty", "-m", "x")
+    assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    shutil.rmtree(lab.project / "src")
+
+
+# --- corral's copies of the agents' state, and their logins ----------------------------
+
+def test_a_project_holding_corrals_state_copies_is_refused(who: Identity, lab: Lab) -> None:
+    """corral copies each agent's login into ``~/.local/state/corral/agents/<profile>/``.
+    Launched from ``~/.local`` (or anywhere above or inside that store), another agent
+    profile read Claude's login there, and could rewrite the copy Claude runs inside."""
+    creds = lab.home / ".local/state/corral/agents/claude/.claude/.credentials.json"
+    creds.parent.mkdir(parents=True)
+    creds.write_text(lab.token)
+    lab.own(lab.home / ".local")
+    script = f"cat {creds}; echo; echo DONE"
+    for cwd in (lab.home / ".local", creds.parent):
+        r = agent(who, lab, script, cwd=cwd)
+        assert lab.token not in r.stdout, (cwd, r)
+        assert r.returncode == 125 and "corral's copies" in r.stderr, (cwd, r)
+    # Control: from the project itself, the same agent runs (and sees no login).
+    ok = agent(who, lab, script)
+    assert ok.returncode == 0 and "DONE" in ok.stdout and lab.token not in ok.stdout, ok
+    ctl = naive(who, lab, script, cwd=lab.home / ".local")
+    assert lab.token in ctl.stdout
+
+
+# --- the audit after corral itself was SIGKILLed ---------------------------------------
+
+KILLED_PLANT = ("git init -q planted && printf '#!/bin/sh\\necho HOOK-RAN\\n' > "
+                "planted/.git/hooks/pre-commit && chmod 755 planted/.git/hooks/pre-commit && "
+                "echo PLANTED && sleep 60")
+
+
+def _killed_run(who: Identity, lab: Lab) -> None:
+    proc = subprocess.Popen([*who.prefix(), "-m", "corral", "agent", "--", "/bin/sh", "-c",
+                             KILLED_PLANT], cwd=lab.project, env=who.environ(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "PLANTED"
+    proc.kill()  # no unwinding, no audit
+    proc.communicate(timeout=120)
+
+
+def test_a_run_whose_corral_was_killed_is_audited_at_the_next_launch(who: Identity,
+                                                                      lab: Lab) -> None:
+    """SIGKILL of corral skips the audit (declared): the next launch in the same runs
+    directory audits what that run left, before its own scan takes it in."""
+    hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
+    _killed_run(who, lab)
+    assert hook.exists()  # the control: killed outright, nothing was audited
+    nxt = agent(who, lab, "echo NEXT")
+    assert nxt.returncode == 0 and "NEXT" in nxt.stdout, nxt
+    assert not hook.exists(), nxt.stderr
+    assert "killed before its audit" in nxt.stderr, nxt.stderr
+    again = agent(who, lab, "echo AGAIN")  # audited once: nothing more to say
+    assert "killed before its audit" not in again.stderr, again.stderr
+    # Control: a launch with another runs directory knows nothing of the killed run.
+    subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+    _killed_run(who, lab)
+    other = who.corral("agent", "--", "/bin/true", cwd=lab.project,
+                       env={"CORRAL_RUNS_DIR": str(who.tmp / "other-runs")})
+    assert other.returncode == 0 and hook.exists(), other
+    subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+
+
+# --- git's global settings, wherever the user keeps them ---------------------------------
+
+def _commit(who: Identity, cwd: Path, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    return who.run(["git", "-c", "safe.directory=*", "-c", "user.name=u", "-c",
+                    "user.email=u@example.invalid", "commit", "-q", "--allow-empty", "-m", "x"],
+                   cwd=cwd, env=env)
+
+
+def test_a_global_relative_hooks_path_counts_for_new_repositories(who: Identity, lab: Lab
+                                                                  ) -> None:
+    """``core.hooksPath = .hooks`` in ``~/.gitconfig`` makes every repository's
+    ``.hooks/`` its hook folder.  The audit quarantined a new repository's ``.git/hooks``
+    but not the folder git would really run hooks from."""
+    (lab.home / ".gitconfig").write_text("[core]\n\thooksPath = .hooks\n")
+    lab.own(lab.home / ".gitconfig")
+    script = ("git init -q fresh && mkdir fresh/.hooks && printf '#!/bin/sh\\necho HOOK-RAN\\n'"
+              " > fresh/.hooks/pre-commit && chmod 755 fresh/.hooks/pre-commit; echo PLANTED")
+    env = {"HOME": str(lab.home)}
+    try:
+        r = agent(who, lab, script)
+        assert "PLANTED" in r.stdout, r
+        ran = _commit(who, lab.project / "fresh", env)
+        assert "HOOK-RAN" not in ran.stdout + ran.stderr, (ran, r.stderr)
+        shutil.rmtree(lab.project / "fresh")
+        naive(who, lab, script)  # control: host git runs the hook the naive sandbox planted
+        ran = _commit(who, lab.project / "fresh", env)
+        assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    finally:
+        (lab.home / ".gitconfig").unlink(missing_ok=True)
+        shutil.rmtree(lab.project / "fresh", ignore_errors=True)
+
+
+def test_git_config_global_in_the_project_stays_read_only(who: Identity, lab: Lab) -> None:
+    """``GIT_CONFIG_GLOBAL`` (and ``XDG_CONFIG_HOME``) tell git where the global config is;
+    set to a dotfiles project's file, that file is the user's global config."""
+    (lab.project / "gitconfig").write_text("[user]\n\tname = Dot Files\n")
+    lab.own(lab.project)
+    script = ("(printf '[core]\\n\\tpager = \"echo PAGER-RAN #\"\\n' >> gitconfig) 2>/dev/null "
+              "&& echo WROTE; echo DONE")
+    env = {"GIT_CONFIG_GLOBAL": str(lab.project / "gitconfig")}
+    r = agent(who, lab, script, env=env)
+    assert "DONE" in r.stdout and "WROTE" not in r.stdout, r
+    ctl = naive(who, lab, script)
+    assert "WROTE" in ctl.stdout, ctl
+    seen = who.run(["git", "config", "--global", "--get", "core.pager"], env=env)
+    assert "PAGER-RAN" in seen.stdout, seen
+
+
+# --- project configuration that host programs run without asking ------------------------
+
+HOST_RUN = [".helix/languages.toml", ".devcontainer/devcontainer.json", ".zed/settings.json",
+            ".nvim.lua", ".exrc", ".dir-locals.el", ".windsurf/mcp.json", ".roo/mcp.json",
+            "opencode.json"]
+
+
+def test_editor_and_container_settings_that_run_programs_are_protected(who: Identity,
+                                                                      lab: Lab) -> None:
+    """Helix starts the language servers ``.helix/languages.toml`` names when a file of
+    the project is opened; VS Code runs ``initializeCommand`` of ``.devcontainer`` on the
+    host; Zed, Neovim's ``exrc``, Emacs' directory locals and other agents' MCP files name
+    programs too.  None was protected, at launch or by the audit."""
+    for n in HOST_RUN:
+        (lab.project / n).parent.mkdir(parents=True, exist_ok=True)
+        (lab.project / n).write_text("orig\n")
+    lab.own(lab.project)
+    script = "; ".join(f"(echo pwn >> {n}) 2>/dev/null && echo WROTE {n}" for n in HOST_RUN)
+    script += "; mkdir -p sub/.helix && echo new > sub/.helix/languages.toml; " \
+              "echo new > sub/.devcontainer.json; true"
+    r = agent(who, lab, script)
+    assert r.returncode == 0 and "WROTE" not in r.stdout, r.stdout
+    assert all((lab.project / n).read_text() == "orig\n" for n in HOST_RUN)
+    assert not (lab.project / "sub" / ".helix").exists(), r.stderr
+    assert not (lab.project / "sub" / ".devcontainer.json").exists(), r.stderr
+    shutil.rmtree(lab.project / "sub", ignore_errors=True)
+    ctl = naive(who, lab, script)
+    assert all(f"WROTE {n}" in ctl.stdout for n in HOST_RUN), ctl.stdout
+
+
+LINKED_HOOKS = ("git init -q linked && mkdir elsewhere && printf '#!/bin/sh\\necho HOOK-RAN\\n' "
+                "> elsewhere/pre-commit && chmod 755 elsewhere/pre-commit && "
+                "rm -rf linked/.git/hooks && ln -s ../../elsewhere linked/.git/hooks && "
+                "git init -q zz && printf '#!/bin/sh\\necho HOOK-RAN\\n' > "
+                "zz/.git/hooks/pre-commit && chmod 755 zz/.git/hooks/pre-commit; echo PLANTED")
+
+
+def test_a_linked_hooks_folder_cannot_stop_the_audit(who: Identity, lab: Lab) -> None:
+    """A new repository whose ``hooks`` is a link git follows.  This one held on main
+    (listing the link fails with ENOTDIR, which the audit expected); kept so that the
+    audit's walk past what it cannot list never regresses on it."""
+    r = agent(who, lab, LINKED_HOOKS)
+    assert "PLANTED" in r.stdout, r
+    for repo in ("linked", "zz"):
+        ran = _commit(who, lab.project / repo)
+        assert "HOOK-RAN" not in ran.stdout + ran.stderr, (repo, r.stderr)
+    assert "could not finish" not in r.stderr, r.stderr
+    subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("linked", "zz", "elsewhere"))],
+                   check=True)
+    naive(who, lab, LINKED_HOOKS)  # control: host git follows the link to the hook
+    ran = _commit(who, lab.project / "linked")
+    assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    subprocess.run(["rm", "-rf", *(str(lab.project / n) for n in ("linked", "zz", "elsewhere"))],
+                   check=True)
+
+
+def test_a_secret_a_home_file_links_to_stays_hidden(who: Identity, lab: Lab) -> None:
+    """``~/.npmrc -> project/.npmrc``: the secret is hidden (empty) and the home link makes
+    it read-only too; the read-only bind must never land on top of the mask."""
+    (lab.project / ".npmrc").write_text(f"//registry.example.invalid/:_authToken={lab.token}\n")
+    lab.own(lab.project)
+    link = lab.home / ".npmrc"
+    link.symlink_to(lab.project / ".npmrc")
+    lab.own(link)
+    script = "cat .npmrc; (echo x >> .npmrc) 2>/dev/null && echo WROTE; echo DONE"
+    try:
+        r = agent(who, lab, script)
+        assert "DONE" in r.stdout and lab.token not in r.stdout and "WROTE" not in r.stdout, r
+        ctl = naive(who, lab, script)
+        assert lab.token in ctl.stdout
+    finally:
+        link.unlink()
