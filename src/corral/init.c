@@ -16,7 +16,8 @@
  *  4. forks; the child makes itself the OOM killer's first choice, takes the terminal,
  *     sets umask, working directory and rlimits, sets no_new_privs, applies Landlock,
  *     stacks the payload's seccomp filter, moves the real stderr to fd 2, closes every
- *     other descriptor and execs the payload;
+ *     other descriptor and execs the payload with the environment of its config (bwrap
+ *     gives the init none: corral.bwrap.init_environment);
  *  5. the parent reports "started" once the exec succeeded (the report pipe is
  *     close-on-exec: EOF means exec), waits (serving the bridge meanwhile), reports how
  *     the payload ended, and exits the same way.  A setup failure is an "error" event
