@@ -62,6 +62,26 @@ def test_encode_refuses_a_setting_the_compiled_init_lacks() -> None:
         cinit.encode({"bridge_source": "x"})
 
 
+def test_encode_refuses_a_nul_that_would_start_a_record() -> None:
+    """A NUL in a value ended its record there: ``x\0uid=0`` set the payload's uid to 0."""
+    with pytest.raises(ValueError, match="NUL"):
+        cinit.encode({"env": [("A", "x\0uid=0\0gid=0")]})
+    assert cinit.encode({"env": [("A", "x uid=0")]}) == b"env=A=x uid=0\0"  # control
+
+
+def test_a_variable_with_a_nul_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """``corral.run(env=...)``: the red-team's payload ran as uid 0 through a NUL in a
+    variable; now one clear error, and no run directory is made."""
+    runs = tmp_path / "runs"
+    with pytest.raises(UsageError, match="NUL"):
+        api.run(["/bin/true"], env=[("A", "x\0uid=0\0gid=0")], runs_dir=str(runs))
+    assert not runs.exists() or not any(runs.iterdir())
+    ok = api.run(["/bin/sh", "-c", "echo $A; id -u"], env=[("A", "x uid=0")],
+                 runs_dir=str(runs))  # the control: the same variable without the NUL runs
+    assert ok.exit_code == 0 and ok.stdout.split()[:3] == [b"x", b"uid=0", str(
+        65534 if os.getuid() == 0 else os.getuid()).encode()], ok
+
+
 def test_choice_follows_corral_init(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
     for value, expected in (("", "c"), ("auto", "c"), ("c", "c"), ("python", "python")):
@@ -111,7 +131,7 @@ def _run_init(config: bytes) -> tuple[int, list[dict[str, object]], bytes]:
 
 @pytest.mark.parametrize("record", [b"bogus=1", b"uid=x", b"rule=7", b"mount=1:2:/x",
                                     b"rlimit=stack:1:1", b"seccomp=abc", b"no-equals",
-                                    b"env=NOVALUE"])
+                                    b"env=NOVALUE", b"cwd=/\0cwd=/tmp", b"pid=2\0pid=-1"])
 def test_the_compiled_init_refuses_what_it_does_not_understand(record: bytes) -> None:
     need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
     code, events, out = _run_init(b"status_fd=STATUS\0" + record + b"\0")

@@ -176,6 +176,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
         return run_request(cmd, runs_dir=runs_dir)
     cmd = cast("Sequence[str]", cmd)  # what isinstance would have narrowed it to
     policy = policy or Policy()
+    _check_env(env)  # bad variables: refused before anything is created
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
@@ -227,6 +228,16 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
 def _init_name(sb: Sandbox) -> str:
     """Which init the run gets (corral.cinit)."""
     return "c" if sb.init_binary is not None else "python"
+
+
+def _check_env(env: Sequence[tuple[str, str]]) -> None:
+    """Variables for the payload: a name without ``=``, and no NUL byte anywhere (the
+    init's config ends a record at a NUL: what follows must never become a setting)."""
+    for name, value in env:
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise UsageError(f"environment variable {name!r} cannot be given to the payload",
+                             "a name must be non-empty without '=', and neither name nor "
+                             "value may hold a NUL byte", "fix or drop the variable")
 
 
 def _stage(run_dir: RunDir, policy: Policy, inputs: Sequence[str], owner: tuple[int, int]
@@ -304,6 +315,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     """
     from . import agent
 
+    _check_env(env)
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created

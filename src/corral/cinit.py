@@ -115,6 +115,9 @@ def encode(config: Mapping[str, Any]) -> bytes:
         if value is None:
             continue
         out.extend(_records(key, value))
+    for r in out:  # a NUL would end the record there and start another, of its choosing
+        if "\0" in r:
+            raise ValueError(f"corral's init config: a NUL byte in {r.split('=', 1)[0]}")
     return b"".join(os.fsencode(r) + b"\0" for r in out)
 
 

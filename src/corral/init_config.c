@@ -61,6 +61,17 @@ static int record(char *rec) {
     *eq = '\0';
     const char *k = rec, *v = eq + 1;
     long long n[3];
+    /* A setting that holds one value may come once: a second one would replace the
+       launcher's (a record smuggled into a value must never win; cinit.encode refuses
+       NUL bytes in values too). */
+    static const char *const single[] = {"cwd", "seccomp", "landlock", "status_fd",
+                                         "stderr_fd", "tty", "pid", "bridge_fd", "uid", "gid"};
+    static unsigned seen;
+    for (unsigned i = 0; i < sizeof single / sizeof *single; i++)
+        if (strcmp(k, single[i]) == 0) {
+            if (seen & (1u << i)) return fail("corral's init config repeats %s", k);
+            seen |= 1u << i;
+        }
     if (strcmp(k, "cwd") == 0) { cfg.cwd = v; return 0; }
     if (strcmp(k, "env") == 0) {
         if (strchr(v, '=') == NULL || v[0] == '=' || cfg.n_env == MAX_ENV)
