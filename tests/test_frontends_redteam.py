@@ -30,7 +30,7 @@ import pytest
 
 from conftest import Identity, need, processes_with
 from mcp_util import environ as mcp_environ
-from mcp_util import sdk
+from mcp_util import eventually, sdk
 from test_serve import Server, free_port, serve_extra
 
 __all__ = ["sdk", "serve_extra"]  # the fixtures, imported for pytest
@@ -316,15 +316,6 @@ def _connections(pid: int) -> int:
                for fd in fds if os.path.exists(f"/proc/{pid}/fd/{fd}"))
 
 
-def _eventually(check: Any, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 def _slow_clients(port: int) -> dict[str, socket.socket]:
     def half(data: bytes) -> socket.socket:
         s = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -361,11 +352,11 @@ def _slow_and_idle(who: Identity, serve_extra: Path, mode: str) -> None:
             assert _connections(proc.pid) == own + len(clients)
             return
         # Each bound is 1 or 2 s, and 8 may wait at once.
-        assert _eventually(lambda: _connections(proc.pid) <= own + 8)
+        assert eventually(lambda: _connections(proc.pid) <= own + 8, 30)
         assert _answered(port), "a client that sends its request at once is answered"
         for s in clients[3:]:
             s.close()
-        assert _eventually(lambda: _connections(proc.pid) <= own), "the slow ones went"
+        assert eventually(lambda: _connections(proc.pid) <= own, 30), "the slow ones went"
     finally:
         for s in clients:
             s.close()
@@ -465,7 +456,7 @@ def _wedged(who: Identity, pythonpath: str, mode: str, port: int, count: int, pa
     proc = _front(who, pythonpath, mode, *args)
     idle: list[socket.socket] = []
     try:
-        assert _eventually(lambda: _status(probe, body, headers) == 200, 60)
+        assert eventually(lambda: _status(probe, body, headers) == 200, 60)
         idle = _half_heads(port, count, path)
         time.sleep(1)
         yield
@@ -574,19 +565,19 @@ def _stopped(who: Identity, signum: int, mode: str) -> tuple[list[Path], dict[st
     proc = _launcher(who, mode, runs, "/bin/sh", "-c", f"sleep 60; : {marker}")
     run_id = ""
     try:
-        assert _eventually(lambda: runs.exists() and len(os.listdir(runs)) == 1, 60)
+        assert eventually(lambda: runs.exists() and len(os.listdir(runs)) == 1, 60)
         (run_id,) = os.listdir(runs)
-        assert _eventually(lambda: len(_cgroups_of(who, run_id)) == len(CONTROLLERS)
-                           and len(processes_with(marker)) > 1, 60)  # the payload runs
+        assert eventually(lambda: len(_cgroups_of(who, run_id)) == len(CONTROLLERS)
+                          and len(processes_with(marker)) > 1, 60)  # the payload runs
         proc.send_signal(signum)
         assert proc.wait(timeout=60) == (128 + signum if mode == "protected" else -signum)
-        assert _eventually(lambda: processes_with(marker) == [], 60), (mode, signum)
+        assert eventually(lambda: processes_with(marker) == [], 60), (mode, signum)
         return _cgroups_of(who, run_id), json.loads((runs / run_id / "record.json").read_text())
     finally:
         proc.kill()
         proc.wait()
         for p in _cgroups_of(who, run_id):  # the control's, once its processes are gone
-            assert _eventually(lambda p=p: _rmdir(p))
+            assert eventually(lambda p=p: _rmdir(p), 30)
 
 
 def _rmdir(path: Path) -> bool:
@@ -702,7 +693,7 @@ def test_a_page_cannot_rebind_to_any_loopback_address(who: Identity, kind: str,
                                 env=who.environ({"PYTHONPATH": path}), cwd=who.tmp,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            assert _eventually(lambda u=url, b=body, h=headers: _status(u, b, h) == 200, 60)
+            assert eventually(lambda u=url, b=body, h=headers: _status(u, b, h) == 200, 60)
             rebound = _status(url, body, {**headers, "Host": f"rebound.example:{port}"})
             foreign = _status(url, body, {**headers, "Origin": "http://rebound.example"})
             assert (rebound, foreign) == ((421, 403) if mode == "guarded" else (200, 200))
