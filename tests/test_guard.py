@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,44 @@ def test_agent_mounts_order() -> None:
         "--ro-bind-fd", "10", "/home/u/dev/p/.git/hooks",
         "--remount-ro", "/home",
     ]
+
+
+def test_the_launch_scan_reads_a_huge_directory_in_parts(tmp_path: Path) -> None:
+    """A previous session can leave a folder of a million names in the project: the scan
+    held each directory's whole listing (about 400 MiB of launcher at 500,000 names).  It
+    reads SCAN_CHUNK entries at a time now; control: one whole listing of the same folder
+    takes more than four times the scan's peak."""
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "f").touch()
+    for i in range(60_000):
+        os.link(big / "f", big / f"a-file-with-a-longish-name-{i}")
+    (big / ".env").touch()
+    tracemalloc.start()
+    try:
+        found = scan(tmp_path)
+        scanned = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        with fsops.Tree(str(tmp_path)) as tree:
+            tree.scandir("big")  # what the scan did before: the directory's whole listing
+        listed = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [os.path.relpath(f.path, tmp_path) for f in found] == ["big/.env"]
+    assert scanned * 4 < listed, (scanned, listed)
+
+
+def test_a_repository_split_across_parts_is_still_one(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bare repository whose directory comes in several parts is still recognised (by
+    its marker names), and so is its hooks folder's protection; control: no single part
+    of two entries holds the markers a listing check needs."""
+    _tree(tmp_path, {"backup/HEAD": "ref: refs/heads/main\n", "backup/config": "",
+                     "backup/objects/x": "", "backup/refs/heads/x": "", "backup/a": "",
+                     "backup/b": "", "backup/c": ""})
+    monkeypatch.setattr(discover, "SCAN_CHUNK", 2)
+    found = {(os.path.relpath(f.path, tmp_path), f.action) for f in scan(tmp_path)}
+    assert ("backup/config", "protect") in found and ("backup/hooks", "protect") in found
+    with fsops.Tree(str(tmp_path)) as tree:
+        parts = [{e.name for e in part} for part in tree.scandir_chunks("backup", size=2)]
+    assert len(parts) > 2 and not any(repos.is_git_dir(p) for p in parts)

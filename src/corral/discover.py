@@ -79,6 +79,7 @@ CREDENTIAL_GLOBS = ("credentials", "credentials.*", ".credentials*", "token", "*
                     "tokens", "tokens.*", "*_token", "*-token", "auth.json", "*.age",
                     "hosts.yml", "*.kdbx")
 MAX_SCANNED = 500_000  # entries; past this the scan fails closed
+SCAN_CHUNK = 4096  # entries of one directory held at once by the launch scan
 MAX_EXCEPTION = 100_000  # entries of one read-only exception checked for secret names
 MAX_MASKS = 4_000  # protected, hidden and pinned paths; bwrap and the kernel cap mounts
 PARENT = "on the way to a protected path: cannot be renamed or replaced"
@@ -106,9 +107,14 @@ def scan(tree: fsops.Tree, scope: repos.Scope, allowed_secrets: Sequence[str] = 
     """
     protected = PROTECTED_NAMES | set(extra_protected)
     found: list[Finding] = []
-    try:
-        for here, entries in walk(tree, limit=MAX_SCANNED):
-            found += _directory(tree, scope, here, entries, protected, allowed_secrets)
+    last, is_git = None, False
+    try:  # a directory at a time, in parts: the launcher's memory stays one part
+        for here, entries in walk(tree, limit=MAX_SCANNED, chunk=SCAN_CHUNK):
+            first = here != last
+            if first:
+                last, is_git = here, _is_repository(tree, here, entries)
+            found += _directory(tree, scope, here, entries, protected, allowed_secrets,
+                                is_git, first)
     except OSError as e:
         if e.errno == errno.E2BIG:
             raise UsageError(
@@ -121,15 +127,27 @@ def scan(tree: fsops.Tree, scope: repos.Scope, allowed_secrets: Sequence[str] = 
     return found
 
 
+def _is_repository(tree: fsops.Tree, here: str, part: list[fsops.Entry]) -> bool:
+    """Whether git opens the directory ``here`` as a repository, from the first ``part``
+    of its entries when that is all of them, else by its marker names."""
+    whole = len(part) < SCAN_CHUNK
+    looks = repos.is_git_dir({e.name for e in part}) if whole else \
+        repos.holds_git_dir(tree, here)
+    return looks and bool(here or repos.valid_head(tree, ""))
+
+
 def _directory(tree: fsops.Tree, scope: repos.Scope, here: str, entries: list[fsops.Entry],
-               protected: frozenset[str] | set[str], allowed: Sequence[str]) -> list[Finding]:
-    """What one directory's entries need; prunes ``entries`` to those to walk into."""
+               protected: frozenset[str] | set[str], allowed: Sequence[str],
+               is_git: bool, first: bool) -> list[Finding]:
+    """What one part of a directory's entries needs; prunes ``entries`` to those to walk
+    into.  ``first``: the directory's first part (its own findings are made once)."""
     found: list[Finding] = []
-    if repos.is_git_dir({e.name for e in entries}) and (here or repos.valid_head(tree, "")):
+    if is_git:
         # A bare repository, the tree's top too: git opens it as one.  Its folders are
         # walked like any other (all but its submodules' and worktrees', which
         # git_findings covers): looking like a repository must not hide what is beneath.
-        found += repos.git_findings(scope, tree, here or ".", tree.path(here))
+        if first:
+            found += repos.git_findings(scope, tree, here or ".", tree.path(here))
         entries[:] = [e for e in entries if e.name not in repos.NESTED]
     keep = []
     for e in entries:
