@@ -28,7 +28,7 @@ from collections.abc import Iterable
 
 from . import fsops, gitconfig
 
-__all__ = ["RESUME", "commands", "why", "at_launch"]
+__all__ = ["RESUME", "at_launch", "commands", "why"]
 
 # The state folders and the command that resumes each on the host.
 RESUME = {"rebase-merge": "git rebase --continue", "rebase-apply": "git am (or rebase) --continue",
