@@ -17,6 +17,8 @@ exception in corral's own supervision), :func:`audit` walks the trees again:
   copy from launch is put back;
 * a path with a protected name (``.envrc``, ``.vscode``, ``.husky``...) created or changed
   during the run goes to the quarantine (the copy from launch put back);
+* git's in-progress state (``rebase-merge``, ``rebase-apply``, ``sequencer``) that holds
+  a command the launch did not (:mod:`corral.gitstate`) goes to the quarantine whole;
 * a set-user-ID or set-group-ID bit set during the run is cleared;
 * a ``.git`` that is neither a plain folder nor a plain file goes to the quarantine;
 * the placeholders corral made are removed.
