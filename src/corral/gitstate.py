@@ -61,9 +61,9 @@ def commands(tree: fsops.Tree, gitdir: str) -> dict[str, frozenset[str]]:
             if st is None:
                 continue
             what = _folder(tree, rel, name) if stat.S_ISDIR(st.st_mode) else {
-                f"a {fsops.kind_of(st.st_mode)} git would follow"}
+                f"a {fsops.kind_of(st.st_mode)} git would follow {_version(st)}"}
         except OSError:
-            what = {UNREADABLE}
+            what = {_unreadable(tree, rel)}
         if what:
             found[rel] = frozenset(what)
     return found
@@ -72,18 +72,38 @@ def commands(tree: fsops.Tree, gitdir: str) -> dict[str, frozenset[str]]:
 def _folder(tree: fsops.Tree, rel: str, name: str) -> set[str]:
     what = set()
     if name == "rebase-merge":
-        what |= {f"exec {line.strip()[:80]!r}" for line in _todo(tree, f"{rel}/git-rebase-todo")}
+        lines = _todo(tree, f"{rel}/git-rebase-todo")
+        what |= {_unreadable(tree, f"{rel}/git-rebase-todo")} if lines is None else {
+            f"exec {line!r}" for line in lines}
     if name in ("rebase-merge", "rebase-apply"):
         data = _read(tree, f"{rel}/strategy")
         if data is None:
-            what.add(UNREADABLE)
+            what.add(_unreadable(tree, f"{rel}/strategy"))
         elif data not in STRATEGY_FILES:
-            what.add(f"strategy {data.strip()[:80]!r}")
+            what.add(f"strategy {data!r}")
     if name == "rebase-apply":
-        what |= {f"git apply option {w[:80]!r}" for w in _apply_opts(tree, f"{rel}/apply-opt")}
+        opts = _apply_opts(tree, f"{rel}/apply-opt")
+        what |= {_unreadable(tree, f"{rel}/apply-opt")} if opts is None else {
+            f"git apply option {w!r}" for w in opts}
     if name == "sequencer":
-        what |= {f"strategy {v!r}" for v in _opts(tree, f"{rel}/opts")}
+        values = _opts(tree, f"{rel}/opts")
+        what |= {_unreadable(tree, f"{rel}/opts")} if values is None else {
+            f"strategy {v!r}" for v in values}
     return what
+
+
+def _version(st: os.stat_result) -> str:
+    """Which inode, changed when: what cannot be read is the launch's only if it is the
+    very same, unchanged (a link replaced by another link is new)."""
+    return f"(inode {st.st_ino}, changed {st.st_ctime_ns})"
+
+
+def _unreadable(tree: fsops.Tree, rel: str) -> str:
+    try:
+        st = tree.lstat(rel)
+    except OSError:
+        st = None
+    return f"{UNREADABLE}: {os.path.basename(rel)} {_version(st) if st else ''}".rstrip()
 
 
 def _read(tree: fsops.Tree, rel: str) -> bytes | None:
@@ -97,40 +117,43 @@ def _read(tree: fsops.Tree, rel: str) -> bytes | None:
         return None
 
 
-def _todo(tree: fsops.Tree, rel: str) -> list[str]:
+# What is named is compared with what the launch held, so each is the exact bytes (a
+# prefix or a lossy decoding would let a new command pass for the user's own).
+
+def _todo(tree: fsops.Tree, rel: str) -> list[bytes] | None:
     data = _read(tree, rel)
     if data is None or b"\0" in data:  # git stops reading a line at a NUL: do not guess
-        return [UNREADABLE]
-    return [line.decode(errors="replace") for line in data.split(b"\n") if EXEC.match(line)]
+        return None
+    return [line for line in data.split(b"\n") if EXEC.match(line)]
 
 
-def _apply_opts(tree: fsops.Tree, rel: str) -> list[str]:
+def _apply_opts(tree: fsops.Tree, rel: str) -> list[bytes] | None:
     data = _read(tree, rel)
     if data is None:
-        return [UNREADABLE]
+        return None
     match = SQ_WORDS.fullmatch(data)
     if match is None:
-        return [data.decode(errors="replace")]
+        return [data]
     words = re.findall(SQ_WORD, match.group(1) or b"")
     values = [w[1:-1].replace(b"'\\''", b"'").replace(b"'\\!'", b"!") for w in words]
-    return [v.decode(errors="replace") for v in values if not APPLY_OPT.fullmatch(v)]
+    return [v for v in values if not APPLY_OPT.fullmatch(v)]
 
 
-def _opts(tree: fsops.Tree, rel: str) -> list[str]:
+def _opts(tree: fsops.Tree, rel: str) -> list[str] | None:
     data = _read(tree, rel)
     try:
         entries = gitconfig.parse(data) if data is not None else None
     except gitconfig.ConfigError:
         entries = None
     if entries is None:
-        return [UNREADABLE]
+        return None
     return [v or "" for n, v in entries if n == "options.strategy" and v not in STRATEGIES]
 
 
 def why(state: str, what: Iterable[str]) -> str:
     """The audit's reason for quarantining ``state``, with how to get it back."""
     name = os.path.basename(state)
-    shown = "; ".join(sorted(what)[:3])
+    shown = "; ".join(w if len(w) <= 100 else w[:97] + "..." for w in sorted(what)[:3])
     return (f"git's {name} state, made or changed during the run, would run what the run "
             f"chose ({shown}) at `{RESUME[name]}` on the host: read it, then move it back "
             "to resume, or leave it and check out your branch")
