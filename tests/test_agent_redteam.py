@@ -344,6 +344,35 @@ LINKED_HOOKS = ("git init -q linked && mkdir elsewhere && printf '#!/bin/sh\\nec
                 "zz/.git/hooks/pre-commit && chmod 755 zz/.git/hooks/pre-commit; echo PLANTED")
 
 
+def test_deeper_home_files_that_link_into_the_project_stay_read_only(who: Identity,
+                                                                     lab: Lab) -> None:
+    """stow links single files where the folder exists already: ``~/.config/nvim/init.lua``,
+    a systemd user unit two levels down, ``~/.ssh/config`` (its ProxyCommand runs with the
+    next ssh).  The check looked one level deep and skipped ~/.ssh: all three were
+    writable through the project.  Control: the naive sandbox writes all three."""
+    project = lab.project
+    targets = {".config/nvim/init.lua": "nvim-init.lua",
+               ".config/systemd/user/sync.service": "sync.service", ".ssh/config": "ssh-config"}
+    links = []
+    for rel, name in targets.items():
+        (project / name).write_text("# dotfile\n")
+        link = lab.home / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(project / name)
+        links.append(link)
+    lab.own(project, *links, *(p.parent for p in links))
+    script = "; ".join(f"(echo x >> {name}) 2>/dev/null && echo WROTE-{name}"
+                       for name in targets.values()) + "; echo DONE"
+    try:
+        r = agent(who, lab, script)
+        assert "DONE" in r.stdout and "WROTE" not in r.stdout, r
+        ctl = naive(who, lab, script)
+        assert all(f"WROTE-{name}" in ctl.stdout for name in targets.values()), ctl
+    finally:
+        for link in links:
+            link.unlink(missing_ok=True)
+
+
 def test_a_linked_hooks_folder_cannot_stop_the_audit(who: Identity, lab: Lab) -> None:
     """A new repository whose ``hooks`` is a link git follows.  This one held on main
     (listing the link fails with ENOTDIR, which the audit expected); kept so that the

@@ -203,11 +203,14 @@ def _dot_git(tree: fsops.Tree, scope: repos.Scope, rel: str, kind: str) -> Itera
     yield from repos.git_findings(scope, spot.tree, spot.rel, worktree, main=False)
 
 
-# Folders of the home directory whose entries the host runs or reads as configuration
-# (start-up files, ~/.config/*, programs on PATH): a link there into a writable tree
-# (dotfile managers such as stow, rcm, dotbot make them) makes its target the host's own.
-HOME_FOLDERS = ("", ".config", ".local/bin", "bin")
-MAX_HOME_ENTRIES = 10_000  # entries of one of those folders looked at
+# Folders of the home directory whose entries the host runs or reads as configuration,
+# and how many levels of each are looked at: a link there into a writable tree (dotfile
+# managers such as stow, rcm, dotbot make them) makes its target the host's own.  stow
+# links single files where a folder exists already (~/.config/nvim/init.lua,
+# ~/.config/systemd/user/x.service); ssh's config holds ProxyCommand, gpg's pinentry-program.
+HOME_FOLDERS = (("", 1), (".config", 3), (".local/bin", 1), (".local/share/applications", 1),
+                (".ssh", 1), (".gnupg", 1), ("bin", 1))
+MAX_HOME_ENTRIES = 20_000  # entries of one of those folders looked at, all levels together
 
 
 def home_links(scope: repos.Scope, home: str) -> list[Finding]:
@@ -215,17 +218,9 @@ def home_links(scope: repos.Scope, home: str) -> list[Finding]:
     link to inside the writable trees (``~/.gitconfig -> ~/dotfiles/gitconfig``).  A link
     to a tree's very top is not followed (the whole project would be read-only)."""
     found: list[Finding] = []
-    for folder in HOME_FOLDERS:
-        where = os.path.join(home, folder) if folder else home
-        if os.path.islink(where) or not os.path.isdir(where):
-            continue  # a folder that is itself a link is one of the entries above
-        try:
-            with os.scandir(where) as it:
-                links = [e.path for e in itertools.islice(it, MAX_HOME_ENTRIES)
-                         if e.is_symlink() and (folder or e.name.startswith("."))]
-        except OSError:
-            continue  # the home is not a payload's: what cannot be read, the host cannot
-        for path in links:
+    for folder, depth in HOME_FOLDERS:
+        for path in _links_below(os.path.join(home, folder) if folder else home, depth,
+                                 dot_only=not folder):
             spot = land(path, scope.roots, "a home file that links into the project")
             if spot.tree is None or not spot.rel:
                 continue
@@ -233,6 +228,35 @@ def home_links(scope: repos.Scope, home: str) -> list[Finding]:
             found += repos.protect(scope, path, f"{path} links to it: the host runs or "
                                    "reads it as the user's own", kind)
     return found
+
+
+def _links_below(top: str, depth: int, dot_only: bool) -> list[str]:
+    """The symbolic links in ``top`` and its folders ``depth`` levels down (folders that are
+    links are not entered: they are links), at most MAX_HOME_ENTRIES entries looked at."""
+    if os.path.islink(top) or not os.path.isdir(top):
+        return []  # a folder that is itself a link is an entry of the level above
+    links: list[str] = []
+    budget = MAX_HOME_ENTRIES
+    level = [top]
+    for _ in range(depth):
+        below: list[str] = []
+        for where in level:
+            try:
+                with os.scandir(where) as it:
+                    for e in itertools.islice(it, budget):
+                        budget -= 1
+                        if dot_only and not e.name.startswith("."):
+                            continue
+                        if e.is_symlink():
+                            links.append(e.path)
+                        elif e.is_dir(follow_symlinks=False):
+                            below.append(e.path)
+            except OSError:
+                continue  # the home is not a payload's: what cannot be read, the host cannot
+            if budget <= 0:
+                return links
+        level = below
+    return links
 
 
 def with_parents(findings: Sequence[Finding], scope: repos.Scope) -> list[Finding]:
