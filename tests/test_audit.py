@@ -241,3 +241,35 @@ def test_a_directory_too_big_for_one_part_is_audited_whole(who: Identity) -> Non
     assert ["pad-07", "cleared set-id bits of"] in did, r  # type: ignore[operator]
     # Control: the padding itself is left alone (nothing trusted by tools on the host).
     assert not any(p.startswith("pad-") and p != "pad-07" for p, _ in did), r  # type: ignore[union-attr]
+
+
+def test_in_progress_state_is_judged_by_its_commands(who: Identity) -> None:
+    """A rebase the user left with exec lines stays while its commands are the launch's;
+    a line that merely starts like one of them, or a new strategy, takes it away."""
+    r = as_identity(who, f"""
+        from corral import gitstate
+        top = {str(who.tmp)!r}
+        q = os.path.join(top, "quarantine"); os.mkdir(q)
+        own = "exec make test " + "x" * 100
+        for name in ("kept", "longer", "strategy"):
+            git(top, "init", "-q", name)
+            os.mkdir(os.path.join(top, name, ".git/rebase-merge"))
+            with open(os.path.join(top, name, ".git/rebase-merge/git-rebase-todo"), "w") as f:
+                f.write("pick 1234 a\\n" + own + "\\n")
+        gitdirs = frozenset(os.path.join(top, n, ".git") for n in ("kept", "longer", "strategy"))
+        census = audit.Census(((top, None),), audit.protected_names(), gitdirs=gitdirs,
+                              commands=gitstate.at_launch([(top, None)], gitdirs))
+        later()
+        with open(os.path.join(top, "kept/.git/rebase-merge/git-rebase-todo"), "w") as f:
+            f.write(own + "\\n")  # the agent went on with the user's rebase
+        with open(os.path.join(top, "longer/.git/rebase-merge/git-rebase-todo"), "a") as f:
+            f.write(own + "; touch MARK\\n")
+        with open(os.path.join(top, "strategy/.git/rebase-merge/strategy"), "w") as f:
+            f.write("x/../evil\\n")
+        actions = audit.Auditor(census, lambda: q).run()
+        print(json.dumps({{"did": sorted((os.path.relpath(a.path, top), a.did)
+                                         for a in actions)}}))
+    """)
+    assert r["did"] == [["longer/.git/rebase-merge", "quarantined"],
+                        ["strategy/.git/rebase-merge", "quarantined"]], r
+    # Control: "kept", rewritten during the run with the launch's own command, stays.

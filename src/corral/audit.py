@@ -17,6 +17,8 @@ exception in corral's own supervision), :func:`audit` walks the trees again:
   copy from launch is put back;
 * a path with a protected name (``.envrc``, ``.vscode``, ``.husky``...) created or changed
   during the run goes to the quarantine (the copy from launch put back);
+* git's in-progress state (``rebase-merge``, ``rebase-apply``, ``sequencer``) that holds
+  a command the launch did not (:mod:`corral.gitstate`) goes to the quarantine whole;
 * a set-user-ID or set-group-ID bit set during the run is cleared;
 * a ``.git`` that is neither a plain folder nor a plain file goes to the quarantine;
 * the placeholders corral made are removed.
@@ -39,7 +41,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from . import discover, fsops, gitconfig, repos
+from . import discover, fsops, gitconfig, gitstate, repos
 from .fswalk import join, move, walk
 from .guard import Finding
 
@@ -94,6 +96,7 @@ class Census:
     placeholders: tuple[tuple[str, int, int], ...] = ()  # (path, dev, ino)
     hook_folders: tuple[str, ...] = ()  # relative core.hooksPath every repository gets
     backups: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # path: data, mode
+    commands: dict[str, frozenset[str]] = field(default_factory=dict)  # gitstate.at_launch
     started_ns: int = field(default_factory=time.time_ns)
 
     def changed(self, st: os.stat_result | None) -> bool:
@@ -141,13 +144,14 @@ def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
                 placeholders.append((f.path, st.st_dev, st.st_ino))
             except OSError:
                 continue
+    gitdirs = frozenset(f.path for f in findings if f.reason == repos.GITDIR)
+    linked = frozenset(f.path for f in findings if f.reason == repos.LINKED)
     return Census(
-        tuple(trees), names,
-        gitdirs=frozenset(f.path for f in findings if f.reason == repos.GITDIR),
-        linked=frozenset(f.path for f in findings if f.reason == repos.LINKED),
+        tuple(trees), names, gitdirs=gitdirs, linked=linked,
         protected=frozenset(f.path for f in findings if os.path.basename(f.path) in names
                             or os.path.basename(f.path) == ".git"),
-        placeholders=tuple(placeholders), hook_folders=hook_folders)
+        placeholders=tuple(placeholders), hook_folders=hook_folders,
+        commands=gitstate.at_launch(trees, gitdirs | linked))
 
 
 def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str]) -> Census:
@@ -175,7 +179,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
         except OSError:
             pass  # an unreadable corner: the audit then quarantines what it cannot compare
     return Census(((top, owner),), names, frozenset(gitdirs), protected=frozenset(protected),
-                  backups=backups)
+                  backups=backups, commands=gitstate.at_launch([(top, owner)], gitdirs))
 
 
 def _keep(tree: fsops.Tree, gitdir: str, backups: dict[str, tuple[bytes, int]],
@@ -324,6 +328,11 @@ class Auditor:
                                  "it on the host", restore=True)
         if new:
             self._work_tree_hooks(tree, rel)
+        for state, what in gitstate.commands(tree, rel).items():
+            # A half-finished rebase, cherry-pick or am is left alone unless it would run
+            # something the launch did not hold (the user's own rebase -x stays theirs).
+            if what - self.census.commands.get(tree.path(state), frozenset()):
+                self._quarantine(tree, state, gitstate.why(state, what))
         for nested in ("modules", "worktrees"):
             if tree.lstat(f"{rel}/{nested}") is None:
                 continue

@@ -49,7 +49,8 @@ def _to_json(census: Census) -> dict[str, Any]:
             "names": sorted(census.names), "gitdirs": sorted(census.gitdirs),
             "linked": sorted(census.linked), "protected": sorted(census.protected),
             "placeholders": [list(p) for p in census.placeholders],
-            "hook_folders": list(census.hook_folders), "started_ns": census.started_ns}
+            "hook_folders": list(census.hook_folders), "started_ns": census.started_ns,
+            "commands": {k: sorted(v) for k, v in census.commands.items()}}
 
 
 def _from_json(data: dict[str, Any]) -> Census:
@@ -61,7 +62,9 @@ def _from_json(data: dict[str, Any]) -> Census:
                   placeholders=tuple((str(p), int(d), int(i))
                                      for p, d, i in data["placeholders"]),
                   hook_folders=tuple(map(str, data.get("hook_folders", ()))),
-                  started_ns=int(data["started_ns"]))
+                  started_ns=int(data["started_ns"]),
+                  commands={str(k): frozenset(map(str, v))
+                            for k, v in data.get("commands", {}).items()})
 
 
 def owe(runs_dir: str, run_id: str, census: Census, root: str | None,

@@ -141,7 +141,7 @@ def op_create(b: Battery, a: Result, _: Report) -> Result:
         os.makedirs(parent, exist_ok=True)
     fd = os.open(a["path"], os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o755)
     with os.fdopen(fd, "wb") as f:
-        f.write(b"#!/bin/sh\n# planted by corral probe\n")
+        f.write(a.get("text", "#!/bin/sh\n# planted by corral probe\n").encode())
     return done("created the file")
 
 

@@ -157,6 +157,11 @@ WRITES = (
     write("writes-git-module", "add an entry to the project's .git/modules", "create",
           "{project}/.git/modules/{tag}",
           "a new submodule git directory brings a config (and fsmonitor) of its own"),
+    write("writes-git-rebase-exec", "plant a rebase in .git whose todo has an exec line",
+          "create", "{project}/.git/rebase-merge/git-rebase-todo",
+          "git rebase --continue on the host runs the todo's exec lines as the user "
+          "(corral may let the write happen, but must take it away before git resumes it)",
+          text="exec echo planted by corral probe\n"),
     write("writes-hooks-path", "append to a hook in the folder core.hooksPath names",
           "append", "{project}/tools/hooks/pre-commit",
           "git runs the hooks from core.hooksPath, wherever the config says they are"),
