@@ -18,6 +18,7 @@ class NoEgress:
 
     pass_fds: tuple[int, ...] = ()
     log_path: str | None = None
+    error: str | None = None  # as Session.error: nothing can fail here
 
     def attach(self, sb: Sandbox) -> Sandbox:
         return sb
