@@ -252,7 +252,8 @@ def _parser(verb: str | None) -> Parser:
 
     parser.add_argument("--version", action="version", version=f"corral {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
-    for name, (help_text, fill) in VERBS.items():
+    # A known verb gets its own parser only; the list of all is for --help and a bad verb.
+    for name, (help_text, fill) in VERBS.items() if verb not in VERBS else [(verb, VERBS[verb])]:
         p = sub.add_parser(name, help=help_text)
         if name == verb:
             fill(p)
