@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import Identity
+from corral import cinit
 from corral.egress import session as egress_session
 from corral.egress.session import Session, open_session
 from corral.errors import LaunchError
@@ -72,7 +73,9 @@ def test_a_connection_made_at_once_waits_for_the_proxy_and_is_served(who: Identi
         assert (r["status"], r["exit"], status) == ("exited", 0, "200"), r
         # Asked before the proxy was attached (one clock: the host's), so it waited on
         # the pair; the control of the waiting is the failure test below.
-        assert isinstance(r["attach"], float) and float(when) < r["attach"], r
+        assert isinstance(r["attach"], float)
+        if cinit.joiner() is not None:  # else the launcher waits for the proxy (api._execute)
+            assert float(when) < r["attach"], r
         assert origin.connections == 1
 
 

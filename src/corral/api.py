@@ -396,6 +396,8 @@ def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, 
     net = egress.open_session(policy.network, record_dir, cpu_share=policy.limits.cpus) \
         if policy.network.allow else egress.NoEgress()
     with net:
+        if cinit.joiner() is None:  # bwrap is started by forking this process (a Python
+            net.wait()  # preexec_fn): no thread may be mid-import, holding its locks, then
         limited = enforce.launch_limited(
             net.attach(sb), policy, facts, cg_plan, run_id, measured, image, disk_why,
             capture=capture,

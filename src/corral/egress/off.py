@@ -23,6 +23,9 @@ class NoEgress:
     def attach(self, sb: Sandbox) -> Sandbox:
         return sb
 
+    def wait(self) -> None:
+        pass
+
     def denials(self) -> tuple[dict[str, Any], ...]:
         return ()
 

@@ -15,7 +15,10 @@ A :class:`Session` owns a thread running the proxy's event loop, the unix
 socket pair to the bridge, and the decision log.  It is started before
 bwrap, which is launched without waiting for the thread to import asyncio
 (~15-20 ms): the bridge's ``sendmsg`` on the pair blocks, so a connection made
-at once waits there until the proxy reads it.  On every path out of the
+at once waits there until the proxy reads it.  (A launcher that starts bwrap by
+forking itself, with a Python ``preexec_fn``, calls :meth:`Session.wait` first:
+a fork while the thread holds the import or logging locks would leave the child
+with locks no one releases.)  On every path out of the
 ``with`` block it is stopped: every client and upstream socket closed, the
 thread joined, both ends of the pair and the log closed.  The proxy's end of
 the pair and the log belong to the thread, which closes them as it ends; if it
@@ -132,7 +135,8 @@ class Session:
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop: asyncio.Future[None] | None = None
-        self.failure: BaseException | None = None
+        self.failure: BaseException | None = None  # the proxy failed: the run is an error
+        self.teardown_failure: BaseException | None = None  # its shutdown failed afterwards
         self.ready = threading.Event()  # set once the proxy is receiving, or has failed
         self.lock = threading.Lock()  # orders the thread's attach against close()
         self.closing = False
@@ -195,7 +199,10 @@ class Session:
                 self.proxy, self.stop, self.loop = proxy, loop.create_future(), loop
             self.ready.set()
             loop.run_until_complete(self.stop)
-            loop.run_until_complete(proxy.shutdown())
+            try:
+                loop.run_until_complete(proxy.shutdown())
+            except BaseException as e:  # the run is over: kept, but it relayed what it had
+                self.teardown_failure = e
         finally:
             loop.close()
 
