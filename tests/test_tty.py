@@ -7,6 +7,7 @@ this protection: bwrap with ``--new-session`` and the user's terminal passed thr
 
 from __future__ import annotations
 
+import base64
 import os
 import shlex
 import time
@@ -170,6 +171,27 @@ def _main_corral(marker: str) -> int | None:
                     and b"bwrap" not in words[0]:
                 return int(entry)
     return None
+
+
+def test_the_payload_cannot_set_the_users_clipboard(who: Identity, lab: Lab,
+                                                   pane: Pane) -> None:
+    """OSC 52 in the payload's output sets the clipboard of the terminal it reaches: here
+    tmux's (``set-clipboard on``), which keeps it as a paste buffer, as a desktop terminal
+    keeps it for the next paste into a shell.  Through corral's relay it never arrives
+    (corral.termout), also wrapped in tmux's passthrough; control: the same printf with
+    the user's terminal passed through sets the buffer."""
+    plant = base64.b64encode(f"echo planted-{uuid.uuid4().hex[:6]}".encode()).decode()
+    pane.tmux("set", "-g", "set-clipboard", "on")
+    pane.tmux("set", "-g", "allow-passthrough", "on")
+    printf = r"printf '\033]52;c;%s\a\033Ptmux;\033\033]52;c;%s\a\033\\'" + \
+        f" {plant} {plant}; echo printed-$((4+4))"
+    pane.line(_corral(who, "shell", "-c", printf))
+    pane.wait(lambda s: "printed-8" in s and s.count("host$") >= 2)
+    assert pane.tmux("list-buffers") == ""
+    pane.line(_naive(lab, printf))
+    pane.wait(lambda s: s.count("printed-8") >= 2)
+    time.sleep(1)
+    assert base64.b64decode(plant).decode() in pane.tmux("show-buffer")
 
 
 def test_non_interactive_runs_keep_pipes(who: Identity, lab: Lab) -> None:

@@ -8,7 +8,8 @@ a fresh pty: its slave replaces each terminal descriptor of the sandbox (pipes a
 pass through as they are), and corral relays between the master and the user's terminal.
 The sandbox's init makes the slave its controlling terminal and puts the payload in the
 foreground, so ``^C`` and resizes reach the payload through the pty as they would on a
-terminal of its own.
+terminal of its own.  What the sandbox prints reaches the user's terminal without the
+escape sequences that set or read the clipboard (corral.termout).
 
 The user's terminal is put in raw mode while the run lives and restored on every way
 out (the launcher closes :class:`Terminal` in a ``finally``; SIGTERM and SIGHUP restore
@@ -30,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import termout
 from .errors import LaunchError
 
 __all__ = ["Freezer", "Terminal"]
@@ -73,6 +75,7 @@ class Terminal:
         termios.tcsetattr(self.slave, termios.TCSANOW, self.saved)
         self.resize()
         self.pending = b""  # typed, not yet taken by the pty
+        self.output = termout.Output()  # the clipboard's escape sequences taken out
         self.raw = False
         self.freezer: Freezer | None = None
         self.old_handlers: dict[int, object] = {}
@@ -129,7 +132,7 @@ class Terminal:
             if not data:
                 return False
             if self.out is not None:
-                _write_all(self.out, data)
+                _write_all(self.out, self.output.feed(data))
             return True
         data = os.read(0, CHUNK)
         if self.suspend_char in data:
