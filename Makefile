@@ -10,7 +10,14 @@ INIT_C := src/corral/init.c src/corral/init_config.c src/corral/init_bridge.c sr
 
 .PHONY: setup system demo test test-agents check bench clean
 
-setup: system $(VENV)/.installed $(INIT)
+SECCOMP_CACHE := src/corral/seccomp.cache
+
+setup: system $(VENV)/.installed $(INIT) $(SECCOMP_CACHE)
+
+# The seccomp programs compiled once (src/corral/seccache.py): every run checks that the
+# file matches this code and this libseccomp, and compiles them itself when it does not.
+$(SECCOMP_CACHE): src/corral/seccomp.py src/corral/syscalls.py src/corral/seccache.py $(VENV)/.installed
+	@$(BIN)/python -m corral.seccache --write
 
 # corral's compiled init (src/corral/cinit.py), with the system's C compiler; without one,
 # scripts/build-init says so and runs use the Python init (same checks, slower start).
@@ -55,4 +62,4 @@ bench: setup
 	$(BIN)/python bench/scale.py --write
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(SECCOMP_CACHE)

@@ -316,9 +316,10 @@ session = open_session(Network(allow=("origin.test",)), None)
 with session, HostBridge(session) as bridge:
     clients = [socket.create_connection(("127.0.0.1", bridge.port)) for _ in range(3)]
     deadline = time.monotonic() + 30
-    while len(session.proxy.open) < 3 and time.monotonic() < deadline:
+    proxy = session.wait()  # started without waiting: the clients queued on the pair
+    while len(proxy.open) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    held = [os.get_inheritable(s.fileno()) for s in list(session.proxy.open)]
+    held = [os.get_inheritable(s.fileno()) for s in list(proxy.open)]
     for c in clients:
         c.close()
 left, right = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)

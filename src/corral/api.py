@@ -17,6 +17,7 @@ from .bwrap import Sandbox
 from .diskimage import Image
 from .enforce import Limited
 from .errors import CorralError, Interrupted, UsageError
+from .launch import CORRAL_FAILED
 from .limits import Plan
 from .policy import Policy
 from .workspace import Change, RunDir
@@ -395,10 +396,16 @@ def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, 
     net = egress.open_session(policy.network, record_dir, cpu_share=policy.limits.cpus) \
         if policy.network.allow else egress.NoEgress()
     with net:
+        if cinit.joiner() is None:  # bwrap is started by forking this process (a Python
+            net.wait()  # preexec_fn): no thread may be mid-import, holding its locks, then
         limited = enforce.launch_limited(
             net.attach(sb), policy, facts, cg_plan, run_id, measured, image, disk_why,
             capture=capture,
             stdin=stdin, output_cap=policy.limits.output_bytes,
             timeout_s=policy.limits.timeout_s, bwrap_path=facts.require_bwrap(),
             host_hint=guard.userns_hint(facts), extra_fds=net.pass_fds)
+    if net.error is not None:  # the proxy failed while the run went on: relayed nothing
+        o = limited.outcome
+        o.status, o.exit_code = "error", CORRAL_FAILED
+        o.error = net.error if o.error is None else f"{o.error}; {net.error}"
     return limited, net.denials(), net.log_path

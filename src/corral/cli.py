@@ -132,6 +132,8 @@ def network_from_args(network: Any, args: argparse.Namespace) -> Any:
 def network_line(network: Any) -> str:
     """What the run may reach, for one stderr line: allow rules that a deny rule cancels
     are not listed, and the deny rules that remain are named."""
+    if not (network.allow or network.deny or network.resolve):
+        return "corral: network: none"  # what the rules would say, without their ~3 ms import
     from .egress.rules import compile_rules
 
     rules = compile_rules(network)
@@ -252,7 +254,8 @@ def _parser(verb: str | None) -> Parser:
 
     parser.add_argument("--version", action="version", version=f"corral {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
-    for name, (help_text, fill) in VERBS.items():
+    # A known verb gets its own parser only; the list of all is for --help and a bad verb.
+    for name, (help_text, fill) in VERBS.items() if verb not in VERBS else [(verb, VERBS[verb])]:
         p = sub.add_parser(name, help=help_text)
         if name == verb:
             fill(p)

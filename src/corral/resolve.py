@@ -13,7 +13,7 @@ import pwd
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from . import cinit, discover, interp, seccomp, syscalls
+from . import cinit, discover, interp, seccomp
 from .bwrap import Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
@@ -219,7 +219,7 @@ def kernel_layers(policy: Policy, host: HostFacts, uid: int, gid: int,
     filters = seccomp.for_policy(policy)
     config = init_config(policy, host, uid, gid, writable)
     if filters is not None:
-        config["pid"] = syscalls.INIT_PID  # the init checks it: the filter protects this PID
+        config["pid"] = filters.init_pid  # the init checks it: the filter protects this PID
     if filters is not None and filters.payload is not None:
         config["payload_seccomp"] = filters.payload.hex()
     return config, filters.sandbox if filters is not None else None

@@ -30,15 +30,16 @@ import ctypes
 import errno
 import functools
 import os
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import syscalls
 from .errors import HostError
-from .policy import Policy
-from .syscalls import Call, Form
 
-__all__ = ["Programs", "Rule", "compile_filter", "describe", "for_policy", "libseccomp_version",
-           "payload_rules", "programs", "sandbox_rules", "summary"]
+if TYPE_CHECKING:  # the tables cost ~2 ms to import: a start served by the cache skips them
+    from .policy import Policy
+    from .syscalls import Call, Form
+
+__all__ = ["Programs", "Rule", "compile_filter", "compiled", "describe", "for_policy",
+           "libseccomp_version", "payload_rules", "programs", "sandbox_rules", "summary"]
 
 LIBRARY = "libseccomp.so.2"
 MIN_VERSION = (2, 5, 0)  # binary-tree layout, clone3 and the new mount API by name
@@ -82,6 +83,8 @@ def _rules(calls: tuple[Call, ...], action: int) -> tuple[Rule, ...]:
 
 def sandbox_rules() -> tuple[Rule, ...]:
     """The sandbox filter's rules: every allowed form, then the fallbacks."""
+    from . import syscalls
+
     allowed = (rule for group in syscalls.ALLOWED for rule in _rules(group.calls, ACT_ALLOW))
     fallbacks = (rule for f in syscalls.FALLBACKS
                  for rule in _rules(f.calls, ACT_ERRNO | f.error))
@@ -90,6 +93,8 @@ def sandbox_rules() -> tuple[Rule, ...]:
 
 def payload_rules() -> tuple[Rule, ...]:
     """The payload filter's rules under ``unix_sockets = false``."""
+    from . import syscalls
+
     return tuple(Rule(EPERM, d.call, d.when) for d in syscalls.UNIX_DENIALS)
 
 
@@ -98,6 +103,7 @@ class Programs(NamedTuple):
 
     sandbox: bytes  # for bwrap --seccomp: corral's init and everything it starts
     payload: bytes | None  # stacked on the payload alone by the init; None: nothing to add
+    init_pid: int  # the init's PID in the sandbox, which the sandbox filter protects
 
 
 def _unavailable(what: str) -> HostError:
@@ -221,10 +227,30 @@ def compile_filter(default: int, rules: tuple[Rule, ...], arch: int | None = Non
 def programs(unix_sockets: bool) -> Programs:
     """The programs for a policy that does (or does not) let the payload create unix sockets.
 
-    Raises :class:`~corral.errors.HostError` when libseccomp cannot build them.
+    From ``make setup``'s cache when it matches this code and this libseccomp in every
+    respect (:mod:`corral.seccache`), else compiled.  Raises
+    :class:`~corral.errors.HostError` when libseccomp cannot build them.
     """
+    cached = _cached()
+    if cached is not None:
+        return cached._replace(payload=None) if unix_sockets else cached
+    return compiled(unix_sockets)
+
+
+def compiled(unix_sockets: bool) -> Programs:
+    """The programs compiled through libseccomp now, whatever the cache holds."""
+    from .syscalls import INIT_PID
+
     payload = None if unix_sockets else compile_filter(ACT_ALLOW, payload_rules())
-    return Programs(compile_filter(EPERM, sandbox_rules()), payload)
+    return Programs(compile_filter(EPERM, sandbox_rules()), payload, INIT_PID)
+
+
+def _cached() -> Programs | None:
+    """The cached programs for the loaded libseccomp; None to compile them."""
+    from . import seccache
+
+    lib = _library()  # the version check: a cache never stands in for a missing library
+    return seccache.load(seccache.key(libseccomp_version(), int(lib.seccomp_arch_native())))
 
 
 def for_policy(policy: Policy) -> Programs | None:
@@ -243,6 +269,8 @@ def describe(strict_profiles: tuple[str, ...] = ()) -> dict[str, Any]:
 
     ``strict_profiles`` are the profiles that set ``unix_sockets = false``.
     """
+    from . import syscalls
+
     calls = [c for g in syscalls.ALLOWED for c in g.calls]
     return {"allowed": len(calls), "narrowed": sum(1 for c in calls if c.forms),
             "fallbacks": {ERRNO_NAMES[f.error]: sum(len(g.calls) for g in syscalls.FALLBACKS

@@ -18,9 +18,13 @@ class NoEgress:
 
     pass_fds: tuple[int, ...] = ()
     log_path: str | None = None
+    error: str | None = None  # as Session.error: nothing can fail here
 
     def attach(self, sb: Sandbox) -> Sandbox:
         return sb
+
+    def wait(self) -> None:
+        pass
 
     def denials(self) -> tuple[dict[str, Any], ...]:
         return ()

@@ -13,9 +13,20 @@ nothing, and the sandbox keeps a network namespace with only loopback.
 
 A :class:`Session` owns a thread running the proxy's event loop, the unix
 socket pair to the bridge, and the decision log.  It is started before
-bwrap and, on every path out of the ``with`` block, stopped: every client
-and upstream socket closed, the thread joined, both ends of the pair and
-the log closed.
+bwrap, which is launched without waiting for the thread to import asyncio
+(~15-20 ms): the bridge's ``sendmsg`` on the pair blocks, so a connection made
+at once waits there until the proxy reads it.  (A launcher that starts bwrap by
+forking itself, with a Python ``preexec_fn``, calls :meth:`Session.wait` first:
+a fork while the thread holds the import or logging locks would leave the child
+with locks no one releases.)  On every path out of the
+``with`` block it is stopped: every client and upstream socket closed, the
+thread joined, both ends of the pair and the log closed.  The proxy's end of
+the pair and the log belong to the thread, which closes them as it ends; if it
+has not ended in :data:`STOP_TIMEOUT_S`, they are left to it, never closed
+under it (a closed descriptor's number is soon another file's).  A proxy that
+fails to start closes its end, so the bridge relays nothing (each client sees
+its connection reset), and :attr:`Session.error` says why: the run ends in
+status ``error``.
 """
 
 from __future__ import annotations
@@ -124,11 +135,16 @@ class Session:
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop: asyncio.Future[None] | None = None
-        self.failure: BaseException | None = None
-        self.ready = threading.Event()
+        self.failure: BaseException | None = None  # the proxy failed: the run is an error
+        self.teardown_failure: BaseException | None = None  # its shutdown failed afterwards
+        self.ready = threading.Event()  # set once the proxy is receiving, or has failed
+        self.lock = threading.Lock()  # orders the thread's attach against close()
+        self.closing = False
 
     def start(self) -> Session:
-        """Start the proxy thread; returns once it is receiving.  Raises LaunchError."""
+        """Start the proxy thread and return at once (see the module docstring).
+
+        Raises LaunchError when the pair or the log cannot be made."""
         try:
             self.log = DecisionLog(self.log_path)
             self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -136,35 +152,57 @@ class Session:
             self.close()
             raise LaunchError("cannot start the egress proxy", e.strerror or str(e),
                               "check the run directory and the open-file limit") from None
-        self.thread = threading.Thread(target=self._run, name="corral-egress", daemon=True)
-        self.thread.start()
-        if not self.ready.wait(STOP_TIMEOUT_S) or self.failure is not None:
-            self.close()
-            raise LaunchError("the egress proxy did not start", str(self.failure or "timeout"),
-                              "report this as a bug")
+        self.thread = threading.Thread(target=self._run, args=(self.ours, self.log),
+                                       name="corral-egress", daemon=True)
+        self.thread.start()  # from here on, ours and the log are the thread's to close
         return self
 
-    def _run(self) -> None:
+    def wait(self) -> Proxy:
+        """Block until the proxy is receiving (for callers that inspect it); LaunchError
+        if it failed to start."""
+        if not self.ready.wait(STOP_TIMEOUT_S) or self.proxy is None or self.loop is None:
+            raise LaunchError("the egress proxy did not start", self.error or "timeout",
+                              "report this as a bug")
+        return self.proxy
+
+    @property
+    def error(self) -> str | None:
+        """Why the proxy failed, for the run's record; None while it has not."""
+        if self.failure is None:
+            return None
+        return (f"the egress proxy failed ({type(self.failure).__name__}: {self.failure}); "
+                "no connection was relayed after that")
+
+    def _run(self, ours: socket.socket, log: DecisionLog) -> None:
+        try:
+            self._serve(ours, log)
+        except BaseException as e:  # kept for close() and the record: never a silent death
+            self.failure = e
+        finally:
+            ours.close()  # the bridge's sends now fail: its clients see a reset
+            log.close()
+            self.ready.set()
+
+    def _serve(self, ours: socket.socket, log: DecisionLog) -> None:
         import asyncio
 
-        from .proxy import Proxy, system_resolver
+        from .proxy import Proxy, Run, system_resolver
 
         loop = asyncio.new_event_loop()
-        from .proxy import Run
-
-        run = Run(self.rules, self.log or DecisionLog(None), self.account)
-        proxy = self.proxy = Proxy(run, self.resolver or system_resolver, self.max_connections)
         try:
-            assert self.ours is not None
-            proxy.attach(loop, self.ours)
-            self.stop = loop.create_future()
-            self.loop = loop
+            proxy = Proxy(Run(self.rules, log, self.account), self.resolver or system_resolver,
+                          self.max_connections)
+            with self.lock:
+                if self.closing:  # the run ended before the proxy was ready
+                    return
+                proxy.attach(loop, ours)
+                self.proxy, self.stop, self.loop = proxy, loop.create_future(), loop
             self.ready.set()
             loop.run_until_complete(self.stop)
-            loop.run_until_complete(proxy.shutdown())
-        except BaseException as e:  # reported to start(); the thread must not die silently
-            self.failure = e
-            self.ready.set()
+            try:
+                loop.run_until_complete(proxy.shutdown())
+            except BaseException as e:  # the run is over: kept, but it relayed what it had
+                self.teardown_failure = e
         finally:
             loop.close()
 
@@ -179,6 +217,9 @@ class Session:
         return () if self.theirs is None else (self.theirs.fileno(),)
 
     def attach(self, sb: Sandbox) -> Sandbox:
+        if self.failure is not None:  # failed already: nothing is launched
+            raise LaunchError("the egress proxy did not start", str(self.error),
+                              "report this as a bug")
         return attach(sb, self.bridge)
 
     def denials(self) -> tuple[dict[str, Any], ...]:
@@ -186,18 +227,22 @@ class Session:
         return () if self.log is None else self.log.denials()
 
     def close(self) -> None:
-        """Stop the proxy, close every connection, join the thread, close every descriptor."""
-        loop, stop = self.loop, self.stop
-        if loop is not None and stop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
+        """Stop the proxy, close every connection, join the thread, close every descriptor
+        (those the thread owns: only once it has ended)."""
+        with self.lock:
+            self.closing = True
+            loop, stop = self.loop, self.stop
+        if loop is not None and stop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop closed already
                 loop.call_soon_threadsafe(_finish, stop)
         if self.thread is not None:
             self.thread.join(STOP_TIMEOUT_S)
-        for sock in (self.ours, self.theirs):
-            if sock is not None:
-                sock.close()
-        if self.log is not None:
-            self.log.close()
+        elif self.ours is not None or self.log is not None:  # start() failed: no thread
+            for held in (self.ours, self.log):
+                if held is not None:
+                    held.close()
+        if self.theirs is not None:
+            self.theirs.close()  # the launcher's end; the thread never touches it
 
     def __enter__(self) -> Session:
         return self
