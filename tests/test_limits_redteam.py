@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from conftest import Identity
+from conftest import Identity, need
 
 pytestmark = [pytest.mark.sandbox]
 MiB = 1 << 20
@@ -94,3 +94,89 @@ def test_deleted_regular_files_were_already_counted(who: Identity) -> None:
     r = who.corral_json("--workspace", str(ws), "--disk", "16M", "--timeout", "120", "--",
                         "python3", "-c", HIDE_DIRS, "6", "file")
     assert r["status"] == "disk-limit", r
+
+
+MANY_FILES = r"""
+import os, sys
+for d in range(int(sys.argv[1])):
+    os.mkdir(f"/work/d{d}")
+    for i in range(1000):
+        with open(f"/work/d{d}/f{i}", "w") as f:
+            f.write("x")
+"""
+
+
+def test_a_signal_during_the_copy_out_loses_nothing(who: Identity) -> None:
+    """A red-team SIGTERM that reached corral while it copied a workspace out of its image
+    (80,000 of 100,000 files copied) cut the copy short, then deleted the image: 20,000
+    files lost, and the record did not say so.  Now the copy finishes first (the signal
+    waits), and an export cut short by anything keeps the image."""
+    dirs = 60
+    proc = subprocess.Popen([*who.prefix(), "-m", "corral", "run", "--disk", "1G", "--",
+                             "python3", "-c", MANY_FILES, str(dirs)], env=who.environ(),
+                            cwd=who.tmp, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    runs = who.tmp / "runs"
+    deadline = time.monotonic() + 240
+    seen = 0
+    while proc.poll() is None and time.monotonic() < deadline:
+        found = list(runs.glob("*/work/d*"))  # the copy-out (root) or the payload (user)
+        if len(found) >= 3:
+            seen = sum(1 for d in found for _ in os.scandir(d))
+            proc.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=300)
+    assert seen, ("never saw the copy start", err)
+    (record_path,) = runs.glob("*/record.json")
+    record = json.loads(record_path.read_text())
+    work = record_path.parent / "work"
+    files = sum(1 for d in work.glob("d*") for _ in os.scandir(d))
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert record["status"] == "interrupted", record
+    if who.is_root:
+        # The files were in the image, and corral was copying them out when the signal
+        # came (fewer were out than in the end: the attack's precondition); all came out,
+        # and only then was the image let go.
+        assert seen < dirs * 1000, seen
+        assert files == dirs * 1000, (files, record["limits"])
+        assert not (record_path.parent / "work.img").exists()
+    else:  # measured in place: the signal stopped the payload; what it wrote stays
+        assert files >= seen
+
+
+def test_an_export_cut_short_keeps_the_image(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever cuts the copy-out short (here a KeyboardInterrupt from inside it), the
+    image is kept and described; before, its name was deleted with the files in it."""
+    from corral import diskimage
+    from corral.diskimage import Image
+
+    need(os.geteuid() == 0 and diskimage.unavailable(True) is None,
+         "a workspace image needs root, loop devices, mke2fs and fsopen")
+    dest = tmp_path / "work"
+    dest.mkdir()
+    os.chown(dest, 65534, 65534)
+    image = Image(str(tmp_path / "work.img"), 8 * MiB, (65534, 65534))
+    image.create()
+    root = image.root()
+    os.close(os.open("kept", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=root))
+    os.close(root)
+
+    def cut(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(diskimage, "export", cut)
+        with pytest.raises(KeyboardInterrupt):
+            image.export(str(dest))
+    image.close()
+    assert (tmp_path / "work.img").exists()
+    assert image.describe()["export_incomplete"] == "interrupted (KeyboardInterrupt)"
+    # Control: the same image, exported in full, is let go.
+    again = Image(str(tmp_path / "again.img"), 8 * MiB, (65534, 65534))
+    again.create()
+    (tmp_path / "work2").mkdir()
+    os.chown(tmp_path / "work2", 65534, 65534)
+    assert again.export(str(tmp_path / "work2")).complete
+    again.close()
+    assert not (tmp_path / "again.img").exists()

@@ -69,7 +69,7 @@ def make_image(run_root: str, capacity: int, owner: tuple[int, int]) -> tuple[Im
     try:
         image.create()
     except (OSError, subprocess.SubprocessError) as e:
-        image.close()
+        image.discard()
         return None, f"the workspace image could not be made ({e})"
     return image, ""
 
