@@ -246,3 +246,25 @@ def test_without_a_compiler_the_build_says_so_and_runs_fall_back(tmp_path: Path)
     r = subprocess.run([str(script), str(out), *sources], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and out.stat().st_mode & 0o111, r
+
+
+def test_the_init_is_built_with_musl_when_it_is_installed(tmp_path: Path) -> None:
+    """scripts/build-init prefers musl-gcc (glibc's static start-up runs CPUID, which traps
+    to the hypervisor in a VM: bench/RESULTS.md).  `make setup` installs musl-tools as root,
+    so under CI the init every other test runs is the musl build.  Control: with CC named,
+    the same script builds with that compiler and glibc, whose marker the binary carries."""
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build-init"
+    sources = [str(Path(cinit.SOURCE).with_name(n)) for n in
+               ("init.c", "init_config.c", "init_bridge.c", "init_join.c")]
+    need(subprocess.run(["sh", "-c", "command -v musl-gcc"], capture_output=True).returncode
+         == 0, "musl-gcc (apt-get install musl-tools; make setup does it as root)")
+    glibc = b"GLIBC_TUNABLES"  # the variable glibc reads at start-up; musl has none
+    musl, gnu = tmp_path / "musl.bin", tmp_path / "gnu.bin"
+    r = subprocess.run([str(script), str(musl), *sources], env={"PATH": "/usr/bin:/bin"},
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and musl.stat().st_mode & 0o111, r
+    assert glibc not in musl.read_bytes()
+    assert glibc not in Path(cinit.BINARY).read_bytes(), "make setup built the glibc init"
+    r = subprocess.run([str(script), str(gnu), *sources], env={"PATH": "/usr/bin:/bin",
+                       "CC": "cc"}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and glibc in gnu.read_bytes(), r

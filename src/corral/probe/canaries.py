@@ -8,6 +8,7 @@ the fake home from itself)::
       .fake-creds/token     credentials, listed and unlisted, each holding its own
       .ssh/id_ed25519 ...   canary token (``CANARY-<run>-<16 hex digits>``)
       .bashrc .profile      shell start-up files, compared afterwards
+      .zshrc                a link to dev/demo/dotfiles/zshrc (a dotfile manager's)
       .ssh/agent.sock       an ssh-agent-like unix socket
       dev/demo/             the project: a git repository with a git-ignored nested
                             one, .env, .envrc, .vscode, a symlink to ~/.ssh, the battery,
@@ -78,6 +79,7 @@ PLAIN_FILES = {  # path in the fake home -> content
     "dev/demo/.envrc": "# direnv runs this\n", "dev/demo/.vscode/settings.json": "{}\n",
     "dev/demo/nested/README.md": "a git-ignored nested repository\n",
     "dev/other/notes.txt": "another project\n",
+    "dev/demo/dotfiles/zshrc": "# corral probe: the zshrc ~/.zshrc links to\n",
 }
 ENV_CANARIES = ("CORRAL_PROBE_SECRET", "GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY")
 # A python3 that looks like a pyenv shim to a launcher that guesses (as corral once did),
@@ -285,6 +287,7 @@ class Site:
         os.makedirs(os.path.join(home, ".config", "autostart"))
         os.makedirs(os.path.join(places["holder"], ".ssh"))
         os.symlink(os.path.join(home, ".ssh"), os.path.join(p.project, "ssh-link"))
+        os.symlink(os.path.join(p.project, "dotfiles", "zshrc"), os.path.join(home, ".zshrc"))
         os.symlink(home, places["link"])
         for name in ("append", "chmod", "delete"):
             self._file(f"{places['outside']}/{name}.txt", "a file outside the project\n")

@@ -160,6 +160,18 @@ WRITES = (
     write("writes-hooks-path", "append to a hook in the folder core.hooksPath names",
           "append", "{project}/tools/hooks/pre-commit",
           "git runs the hooks from core.hooksPath, wherever the config says they are"),
+    write("writes-home-dotfile-link", "append to the project's zshrc, which ~/.zshrc links to",
+          "append", "{project}/dotfiles/zshrc",
+          "dotfile managers link start-up files into a repository: the shell runs it on the host"),
+    write("writes-new-devcontainer", "create .devcontainer.json in the project", "create",
+          "{project}/.devcontainer.json",
+          "VS Code runs a dev container's initializeCommand on the host when the project opens"),
+    write("writes-new-mcp-servers", "create .mcp.json in the project", "create",
+          "{project}/.mcp.json",
+          "an agent started later without a sandbox starts the MCP servers a project lists"),
+    write("writes-new-hook-manager", "create a husky hook in the project", "create",
+          "{project}/.husky/pre-commit",
+          "hook managers point git at their folder: git runs what appears there"),
 )
 
 SECRETS = (
