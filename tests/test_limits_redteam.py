@@ -234,3 +234,22 @@ def test_files_held_only_by_a_mapping_count_or_stop_the_run(who: Identity) -> No
         dup = who.corral_json("--workspace", str(ws2), "--disk", "400M", "--timeout", "120",
                               "--", "python3", "-c", HIDE_MAPPED, "12", "dup")
         assert dup["status"] == "exited" and "hidden 60" in dup["stdout"], dup
+
+
+def test_a_signal_while_the_image_is_made_leaves_no_image(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while mke2fs runs: the sparse image file was left in the run directory."""
+    from corral import diskimage, enforce
+
+    made: list[bool] = []
+
+    def interrupted(*_: object, **__: object) -> None:
+        made.append((tmp_path / "work.img").exists())  # control: it exists by now
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(diskimage, "_mke2fs", lambda: "/sbin/mke2fs")
+    monkeypatch.setattr(diskimage.subprocess, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        enforce.make_image(str(tmp_path), 8 * MiB, (os.getuid(), os.getgid()))
+    assert made == [True]
+    assert not (tmp_path / "work.img").exists()

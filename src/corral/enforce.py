@@ -71,6 +71,9 @@ def make_image(run_root: str, capacity: int, owner: tuple[int, int]) -> tuple[Im
     except (OSError, subprocess.SubprocessError) as e:
         image.discard()
         return None, f"the workspace image could not be made ({e})"
+    except BaseException:  # a signal while mke2fs ran: nothing of the run is in it yet
+        image.discard()
+        raise
     return image, ""
 
 
