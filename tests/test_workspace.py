@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,33 @@ def test_collect_caps_the_bytes_of_listed_paths(tmp_path: Path,
         (tmp_path / (f"{i}" + "n" * 40)).write_text("x")
     changes, cut = workspace.collect(str(tmp_path), {})
     assert cut and sum(len(c.path) for c in changes) <= 100
+
+
+def test_collect_reads_a_huge_directory_a_chunk_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk read each directory whole (and sorted it) before its entry bound applied:
+    a red-team workspace of 300,000 names of 250 bytes grew the launcher by 100 MiB after
+    the run, outside its limits.  Scaled down: 40,000 names, a walk bounded at 1,000."""
+    one = tmp_path / "one"
+    one.write_text("x")
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for i in range(40_000):  # links: one inode, 40,000 names
+        os.link(one, wide / f"{i:0250d}")
+    monkeypatch.setattr(workspace, "MAX_ENTRIES", 1000)
+    tracemalloc.start()
+    try:
+        changes, cut = workspace.collect(str(tmp_path), {})
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert cut and len(changes) <= 1000
+    assert peak < 2 << 20, peak
+    # Control: the whole directory at once, as the walk used to read it.
+    tracemalloc.start()
+    try:
+        names = sorted(os.listdir(wide))
+        _, whole = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(names) == 40_000 and whole > 10 << 20, whole

@@ -212,7 +212,8 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
                     run_dir.root, capture, stdin, image, disk_why)
             finally:  # every exit path: the run's files land in RUNS/<id>/work
                 if image is not None:
-                    exported = enforce.release_image(image, run_dir.workspace)
+                    with audit.signals_held():  # a signal now must not cut the copy short
+                        exported = enforce.release_image(image, run_dir.workspace)
             changes, cut = workspace.collect(run_dir.workspace, before)
     except BaseException as e:
         raise _unwound(e, {**record, **_left(run_dir, before), "limits": exported},
@@ -256,7 +257,7 @@ def _stage(run_dir: RunDir, policy: Policy, inputs: Sequence[str], owner: tuple[
                 workspace.copy_in(tree, src)
     except BaseException:
         if image is not None:
-            image.close()
+            image.discard()
         raise
     return image, why
 

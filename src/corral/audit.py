@@ -112,6 +112,17 @@ HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 @contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP wait while the block runs (this thread's mask; the
+    launcher's other threads block them for good), then are delivered."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextlib.contextmanager
 def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
             ) -> Iterator[None]:
     """Watch the census' git directories while the block runs, then audit, however the
@@ -124,12 +135,9 @@ def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
         with watch:
             yield
     finally:
-        held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
-        try:
+        with signals_held():
             actions += watch.actions
             actions += Auditor(census, quarantine).run()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],

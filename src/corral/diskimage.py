@@ -19,8 +19,10 @@ writes lands in the image.  Lifecycle, owned by :mod:`corral.enforce`:
 4. After the run, on every exit path: :meth:`export` copies the tree out into
    ``RUNS/<run-id>/work`` (:mod:`corral.export`); :meth:`close` lets go of the
    mount (the kernel then unmounts it and frees the loop device) and deletes
-   the image, unless the export was incomplete: then the image stays, and the
-   record says so.
+   the image only when the export was complete: an export that stopped at a
+   bound, or was cut short by anything at all (a signal's exception), keeps
+   the image, and the record says so.  Before the run (its inputs could not be
+   copied in), :meth:`discard` deletes it.
 
 If corral itself is killed (SIGKILL), the kernel still unmounts and frees
 everything; only the image file remains in the run directory.
@@ -111,17 +113,27 @@ class Image:
         root = self.root()
         try:
             self.exported = export(root, dest, self.owner, self.size)
+        except BaseException as e:  # cut short: the files are still only in the image
+            self.exported = Exported(0, 0, 0, False, f"interrupted ({type(e).__name__})")
+            raise
         finally:
             os.close(root)
         return self.exported
 
     def close(self) -> None:
-        """Delete the image unless its export was incomplete, and let go of the mount.
+        """Let go of the mount, and delete the image once all of it is copied out.
 
         The name goes first: the loop device keeps the file until the kernel has
         unmounted it, and if corral dies in between nothing is left behind.
         """
-        if self.exported is None or self.exported.complete:
+        self._release(self.exported is not None and self.exported.complete)
+
+    def discard(self) -> None:
+        """Before the run: the image holds copies of its inputs only; delete it."""
+        self._release(True)
+
+    def _release(self, delete: bool) -> None:
+        if delete:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
         if self.mount_fd is not None:

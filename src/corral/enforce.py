@@ -69,8 +69,11 @@ def make_image(run_root: str, capacity: int, owner: tuple[int, int]) -> tuple[Im
     try:
         image.create()
     except (OSError, subprocess.SubprocessError) as e:
-        image.close()
+        image.discard()
         return None, f"the workspace image could not be made ({e})"
+    except BaseException:  # a signal while mke2fs ran: nothing of the run is in it yet
+        image.discard()
+        raise
     return image, ""
 
 

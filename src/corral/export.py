@@ -15,7 +15,13 @@ What is copied:
   hole or an unwritten ``fallocate`` range stays sparse, so the copy never
   takes more of the host's disk than the image held), symlinks (the target
   string, never followed) and FIFOs;
-* hard links as hard links (copying each name would multiply the data);
+* hard links as hard links (copying each name would multiply the data): the
+  first copy of each such file gets a second name, its inode number, in a
+  staging directory of the destination's, and every later name is linked from
+  there (the last one takes the staging name, so no file ever has more names
+  than in the image).  Nothing is remembered in memory, and no link goes
+  through a path of the tree, which may be longer than ``PATH_MAX`` or pass
+  through a directory its owner may not enter;
 * permission bits without set-user-ID and set-group-ID, and modification times.
 
 Sockets and devices are skipped (the image is mounted ``nodev``).  Bounded by
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from typing import NamedTuple
 
@@ -41,6 +48,7 @@ DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY
 NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 CHUNK = 1 << 20
+STAGING = ".corral-export-links-"  # a random suffix follows: no name of the tree's
 
 
 class Exported(NamedTuple):
@@ -56,12 +64,11 @@ class _Stop(Exception):
 
 
 class _Export:
-    def __init__(self, dest_fd: int, owner: tuple[int, int], max_bytes: int) -> None:
-        self.dest_root = dest_fd
+    def __init__(self, owner: tuple[int, int], max_bytes: int, staging: int) -> None:
         self.owner = owner
         self.max_bytes = max_bytes
+        self.staging = staging  # first copies of hard-linked files, named by source inode
         self.entries = self.bytes = self.skipped = 0
-        self.links: dict[int, str] = {}  # source inode -> first copy, relative to dest_root
 
     def tree(self, src: int, dst: int, rel: str, depth: int) -> None:
         if depth > MAX_DEPTH:
@@ -79,15 +86,13 @@ class _Export:
         if stat.S_ISDIR(st.st_mode):
             self.directory(src, dst, name, rel, depth, st)
         elif stat.S_ISREG(st.st_mode):
-            first = self.links.get(st.st_ino) if st.st_nlink > 1 else None
-            if first is not None:
-                with acting_as(self.owner):
-                    os.link(first, name, src_dir_fd=self.dest_root, dst_dir_fd=dst,
-                            follow_symlinks=False)
+            if st.st_nlink > 1 and self.linked(st, dst, name):
                 return
             self.file(src, dst, name, st)
             if st.st_nlink > 1:
-                self.links[st.st_ino] = rel
+                with acting_as(self.owner):
+                    os.link(name, str(st.st_ino), src_dir_fd=dst, dst_dir_fd=self.staging,
+                            follow_symlinks=False)
         elif stat.S_ISLNK(st.st_mode):
             target = os.readlink(name, dir_fd=src)
             with acting_as(self.owner):
@@ -97,6 +102,21 @@ class _Export:
                 os.mkfifo(name, stat.S_IMODE(st.st_mode) & 0o777, dir_fd=dst)
         else:
             self.skipped += 1
+
+    def linked(self, st: os.stat_result, dst: int, name: str) -> bool:
+        """A later name of a file already copied: made a link to that copy."""
+        key = str(st.st_ino)
+        with acting_as(self.owner):
+            try:
+                names = os.stat(key, dir_fd=self.staging, follow_symlinks=False).st_nlink
+            except FileNotFoundError:
+                return False  # the first name met
+            if names >= st.st_nlink:  # the last one: the staging name moves into place
+                os.rename(key, name, src_dir_fd=self.staging, dst_dir_fd=dst)
+            else:
+                os.link(key, name, src_dir_fd=self.staging, dst_dir_fd=dst,
+                        follow_symlinks=False)
+        return True
 
     def directory(self, src: int, dst: int, name: str, rel: str, depth: int,
                   st: os.stat_result) -> None:
@@ -162,10 +182,18 @@ def export(src_root: int, dest: str, owner: tuple[int, int], max_bytes: int) -> 
     """Copy the tree under directory descriptor ``src_root`` into ``dest`` (an existing,
     empty, trusted directory).  Never raises for what it finds: it stops and says why."""
     dest_fd = os.open(dest, DIR_FLAGS)
-    job = _Export(dest_fd, owner, max_bytes)
+    staging = STAGING + secrets.token_hex(8)
+    job: _Export | None = None
     why = ""
     try:
-        job.tree(src_root, dest_fd, "", 0)
+        with acting_as(owner):
+            os.mkdir(staging, 0o700, dir_fd=dest_fd)
+            staging_fd = os.open(staging, DIR_FLAGS, dir_fd=dest_fd)
+        try:
+            job = _Export(owner, max_bytes, staging_fd)
+            job.tree(src_root, dest_fd, "", 0)
+        finally:
+            _remove_staging(dest_fd, staging, staging_fd, owner)
     except _Stop as e:
         why = str(e)
     except OSError as e:
@@ -173,4 +201,20 @@ def export(src_root: int, dest: str, owner: tuple[int, int], max_bytes: int) -> 
     finally:
         with contextlib.suppress(OSError):
             os.close(dest_fd)
+    if job is None:
+        return Exported(0, 0, 0, False, why)
     return Exported(job.entries, job.bytes, job.skipped, not why, why)
+
+
+def _remove_staging(dest_fd: int, staging: str, staging_fd: int,
+                    owner: tuple[int, int]) -> None:
+    """The staging directory's names are second names of copies in the tree: removing
+    them removes no file."""
+    try:
+        with acting_as(owner):
+            with os.scandir(staging_fd) as names:
+                for entry in names:
+                    os.unlink(entry.name, dir_fd=staging_fd)
+            os.rmdir(staging, dir_fd=dest_fd)
+    finally:
+        os.close(staging_fd)
