@@ -63,9 +63,11 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], seconds: float = 60) -> N
 
 def test_limits_are_in_place_before_the_command_runs(who: Identity) -> None:
     ws = _ws(who)
+    # ready only once sleep runs (its comm is "sleep"): the check below must not race its exec
     probe = ("cat /proc/self/cgroup > /work/inside; ls /sys/fs/cgroup > /work/sys 2>&1; "
-             "touch /work/ready; sleep 60")
-    proc = _background(who, "--workspace", str(ws), "--timeout", "4", "--memory", "100M",
+             "sleep 60 & until grep -qx sleep /proc/$!/comm; do :; done; "
+             "touch /work/ready; wait")
+    proc = _background(who, "--workspace", str(ws), "--timeout", "8", "--memory", "100M",
                        "--pids", "20", "--cpus", "0.5", "--", "/bin/sh", "-c", probe)
     try:
         _wait_for(ws / "ready", proc)
@@ -89,7 +91,7 @@ def test_limits_are_in_place_before_the_command_runs(who: Identity) -> None:
         assert not memory.exists() and not pids.exists() and not cpu.exists()
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # closes its pipes too, whatever failed above
 
 
 FORKER = r"""
