@@ -397,8 +397,11 @@ def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, 
     net = egress.open_session(policy.network, record_dir, cpu_share=policy.limits.cpus) \
         if policy.network.allow else egress.NoEgress()
     with net:
-        if cinit.joiner() is None:  # bwrap is started by forking this process (a Python
-            net.wait()  # preexec_fn): no thread may be mid-import, holding its locks, then
+        # A proxy thread, and bwrap started by forking this process (a Python preexec_fn):
+        # wait for the thread first, since a fork mid-import would leave its locks held.
+        # Without a proxy there is no thread, and the init's files need not be checked.
+        if net.pass_fds and cinit.joiner() is None:
+            net.wait()
         limited = enforce.launch_limited(
             net.attach(sb), policy, facts, cg_plan, run_id, measured, image, disk_why,
             capture=capture,
