@@ -236,6 +236,35 @@ def test_files_held_only_by_a_mapping_count_or_stop_the_run(who: Identity) -> No
         assert dup["status"] == "exited" and "hidden 60" in dup["stdout"], dup
 
 
+KEPT_MAPPED = r"""
+import mmap, os
+keep = []
+for r in range(100):  # two descriptors each: within the 254 a run gets
+    fd = os.open(f"/work/m{r}", os.O_CREAT | os.O_RDWR, 0o600)
+    os.write(fd, b"x" * 4096)
+    keep.append((fd, mmap.mmap(fd, 4096)))
+    os.unlink(f"/work/m{r}")  # the descriptor (and mmap's own copy) still holds it
+print("done", flush=True)
+"""
+
+
+def test_a_file_unlinked_between_the_measures_reads_is_not_taken_for_mapped_only(
+        who: Identity) -> None:
+    """The measure read the descriptor tables, then the mappings: a file mapped, its
+    descriptor kept, and unlinked between the two reads looked held by its mapping
+    alone, and a plain user's run was stopped as unmeasurable (a CI run failed so on the
+    test above's `dup` control).  The mappings are read first now.  Each round of this
+    payload opens that window 100 times; the files are small, so the run ends `exited`;
+    the test above is the control that mapped-only files still stop it."""
+    ws = who.tmp / "ws"
+    ws.mkdir()
+    who.chown(ws)
+    for _ in range(5):
+        r = who.corral_json("--workspace", str(ws), "--disk", "400M", "--timeout", "120",
+                            "--", "python3", "-c", KEPT_MAPPED)
+        assert r["status"] == "exited" and "done" in r["stdout"], (r["status"], _limits(r))
+
+
 def test_a_signal_while_the_image_is_made_leaves_no_image(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C while mke2fs runs: the sparse image file was left in the run directory."""

@@ -235,6 +235,10 @@ def _deleted_open_files(pids: Iterable[int], dev: int, count: _Counter) -> None:
     """
     seen: set[int] = set()
     payload = [pid for pid in pids if not corrals_own(pid)]
+    # Mappings are read first and judged last: a file the payload unlinks between the two
+    # reads is then one its descriptors still hold, seen below, never one taken for held
+    # by a mapping alone (which, for a plain user, would stop the run as unmeasurable).
+    mapped = {pid: _mapped_deleted(pid, dev, count.budget) for pid in payload}
     for pid in payload:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
@@ -243,8 +247,8 @@ def _deleted_open_files(pids: Iterable[int], dev: int, count: _Counter) -> None:
         for tid in tids:
             if not _count_deleted(_held_paths(pid, tid), dev, seen, count):
                 return
-    for pid in payload:  # last: a mapped file may also be held by any descriptor above
-        if not _count_deleted(_mapped_only(pid, dev, seen, count.budget), dev, seen, count):
+    for pid in payload:  # a mapped file may also be held by any descriptor above
+        if not _count_deleted(_mapped_only(pid, mapped[pid], seen), dev, seen, count):
             return
 
 
@@ -263,11 +267,9 @@ def _count_deleted(paths: Iterable[str], dev: int, seen: set[int], count: _Count
     return True
 
 
-def _mapped_only(pid: int, dev: int, seen: set[int], budget: _Budget) -> list[str]:
-    """Files on ``dev`` that process ``pid`` maps after deleting them and that no
-    descriptor holds (opened, mapped, closed: the mapping alone keeps every block), as
-    ``/proc/PID/map_files`` paths to stat.  Only root may stat those; a plain user's
-    launcher cannot tell their size, so such a file makes the run unmeasurable."""
+def _mapped_deleted(pid: int, dev: int, budget: _Budget) -> dict[int, str]:
+    """{inode: ``/proc/PID/map_files`` path} of the files on ``dev`` that process ``pid``
+    maps and that were deleted."""
     found: dict[int, str] = {}
     try:
         with open(f"/proc/{pid}/maps", "rb") as f:
@@ -277,16 +279,23 @@ def _mapped_only(pid: int, dev: int, seen: set[int], budget: _Budget) -> list[st
                     continue
                 fields = line.split(None, 5)
                 major, _, minor = fields[3].partition(b":")
-                ino = int(fields[4])
-                if (int(major, 16), int(minor, 16)) == (os.major(dev), os.minor(dev)) \
-                        and ino not in seen:
-                    found.setdefault(ino, f"/proc/{pid}/map_files/{fields[0].decode()}")
+                if (int(major, 16), int(minor, 16)) == (os.major(dev), os.minor(dev)):
+                    found.setdefault(int(fields[4]), f"/proc/{pid}/map_files/{fields[0].decode()}")
     except (OSError, ValueError, IndexError):
-        return []  # gone; or unreadable, which its descriptor tables were refused for
+        return {}  # gone; or unreadable, which its descriptor tables were refused for
+    return found
+
+
+def _mapped_only(pid: int, mapped: dict[int, str], seen: set[int]) -> list[str]:
+    """Of ``mapped`` (:func:`_mapped_deleted`), the files no descriptor holds (opened,
+    mapped, closed: the mapping alone keeps every block), as paths to stat.  Only root may
+    stat those; a plain user's launcher cannot tell their size, so such a file makes the
+    run unmeasurable."""
+    found = [path for ino, path in mapped.items() if ino not in seen]
     if found and os.geteuid() != 0:
         raise Unmeasurable(f"process {pid} maps {len(found)} deleted file(s) of the "
                            "workspace that no descriptor holds, whose size only root may read")
-    return list(found.values())
+    return found
 
 
 def _held_paths(pid: int, tid: str) -> list[str]:
