@@ -17,7 +17,6 @@ from . import cinit, discover, interp, seccomp
 from .bwrap import Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
-from .inner import FS_TRUNCATE, FS_WRITE_FILE
 from .interp import INTERPRETER, check_prefix, prefix_of, which_command
 from .policy import Policy, passed
 from .reach import dir_modes
@@ -28,6 +27,11 @@ WORKDIR = "/work"
 SYSTEM_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 NOBODY = 65534
 ALL_WRITE_RIGHTS = (1 << 32) - 1  # the init masks this down to what its kernel handles
+# Landlock's access rights (include/uapi/linux/landlock.h), the same as inner.py's: that
+# module is the Python init, and importing it here cost every run ~1.2 ms for two numbers
+# (tests/test_startup.py checks that the two agree).
+FS_WRITE_FILE = 1 << 1
+FS_TRUNCATE = 1 << 14  # ABI 3
 
 # /etc entries programs need: loader cache, alternatives, certificates, time zone,
 # name-service and protocol tables.  Never shadow files, never /etc/ssl/private.
