@@ -11,13 +11,19 @@ INIT_C := src/corral/init.c src/corral/init_config.c src/corral/init_bridge.c sr
 .PHONY: setup system demo test test-agents check bench clean
 
 SECCOMP_CACHE := src/corral/seccomp.cache
+PROFILES_CACHE := src/corral/profiles.cache
 
-setup: system $(VENV)/.installed $(INIT) $(SECCOMP_CACHE)
+setup: system $(VENV)/.installed $(INIT) $(SECCOMP_CACHE) $(PROFILES_CACHE)
 
 # The seccomp programs compiled once (src/corral/seccache.py): every run checks that the
 # file matches this code and this libseccomp, and compiles them itself when it does not.
 $(SECCOMP_CACHE): src/corral/seccomp.py src/corral/syscalls.py src/corral/seccache.py $(VENV)/.installed
 	@$(BIN)/python -m corral.seccache --write
+
+# The shipped profiles parsed once (src/corral/profcache.py): a profile whose text is not
+# in it, edited or a user's, is parsed by tomllib as before.
+$(PROFILES_CACHE): $(wildcard src/corral/profiles/*.toml) src/corral/profcache.py $(VENV)/.installed
+	@$(BIN)/python -m corral.profcache --write
 
 # corral's compiled init (src/corral/cinit.py), with the system's C compiler; without one,
 # scripts/build-init says so and runs use the Python init (same checks, slower start).
@@ -62,4 +68,4 @@ bench: setup
 	$(BIN)/python bench/scale.py --write
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(SECCOMP_CACHE)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache $(SECCOMP_CACHE) $(PROFILES_CACHE)

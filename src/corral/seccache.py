@@ -37,7 +37,7 @@ else:
     except ImportError:  # Python 3.12 renamed it
         from hashlib import sha256
 
-__all__ = ["CACHE_NAME", "FORMAT", "cache_path", "key", "load", "write"]
+__all__ = ["CACHE_NAME", "FORMAT", "cache_path", "key", "load", "read_trusted", "write"]
 
 CACHE_NAME = "seccomp.cache"
 FORMAT = "corral-seccomp-cache 1"
@@ -84,7 +84,9 @@ def _trusted(fd: int) -> bool:
             and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and st.st_size <= MAX_BYTES)
 
 
-def _read(path: str) -> bytes | None:
+def read_trusted(path: str) -> bytes | None:
+    """A file of the package directory, if it passes :func:`_trusted` (also the built-in
+    profiles' cache, corral.profcache)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -103,7 +105,7 @@ def load(key_hex: str | None, path: str | None = None) -> Programs | None:
 
     if key_hex is None:
         return None
-    raw = _read(path or cache_path())
+    raw = read_trusted(path or cache_path())
     if raw is None:
         return None
     try:
