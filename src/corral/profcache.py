@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-from .seccache import read_trusted
+from .seccache import read_trusted, write_json
 
 __all__ = ["CACHE_NAME", "FORMAT", "lookup", "write"]
 
@@ -79,23 +79,13 @@ def write(path: str | None = None) -> str:
 
     texts: dict[str, str] = {}
     for name in builtin_profiles():
-        with open(os.path.join(SHIPPED, f"{name}.toml"), encoding="utf-8") as f:
-            text = f.read()
+        with open(os.path.join(SHIPPED, f"{name}.toml"), "rb") as f:
+            text = f.read().decode("utf-8")  # as lookup() decodes: no newline translation
         data = tomllib.loads(text)
         encoded = json.dumps(data)
         if _same(json.loads(encoded), data):  # else (a TOML date, say) left to tomllib
             texts[text] = encoded
-    dest = path or _path()
-    tmp = f"{dest}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"format": FORMAT, "texts": texts}, f)
-        os.replace(tmp, dest)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return dest
+    return write_json(path or _path(), {"format": FORMAT, "texts": texts})
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ else:
     except ImportError:  # Python 3.12 renamed it
         from hashlib import sha256
 
-__all__ = ["CACHE_NAME", "FORMAT", "cache_path", "key", "load", "read_trusted", "write"]
+__all__ = ["CACHE_NAME", "FORMAT", "cache_path", "key", "load", "read_trusted", "write",
+           "write_json"]
 
 CACHE_NAME = "seccomp.cache"
 FORMAT = "corral-seccomp-cache 1"
@@ -137,7 +138,11 @@ def write(path: str | None = None) -> str:
     body = {"format": FORMAT, "key": key_hex, "digest": _digest(key_hex, programs),
             "pid": programs.init_pid, "sandbox": programs.sandbox.hex(),
             "payload": programs.payload.hex()}
-    dest = path or cache_path()
+    return write_json(path or cache_path(), body)
+
+
+def write_json(dest: str, body: object) -> str:
+    """``body`` as JSON in ``dest``, atomically (also the profiles' cache, corral.profcache)."""
     tmp = f"{dest}.{os.getpid()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
