@@ -40,7 +40,7 @@ LEGACY = ("`git push`, `git fetch` and `git pull` (for `origin` too, when the co
 REPLACED = ("git log, show, diff and checkout would show another {} than the one git push "
             "sends")
 REPLACE = "refs/replace"
-PACKED_CAP = 64 << 20  # bytes of a packed-refs read; a larger one is left and reported
+PACKED_CAP = 64 << 20  # bytes of a packed-refs read; a larger changed one is taken whole
 WALK_CAP = 100_000  # entries of refs/replace, remotes/ or branches/ walked
 
 Changed = Callable[[os.stat_result | None], bool]
@@ -55,9 +55,9 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed
         st, link = _reach(tree, gitdir, name, changed)
         if link or changed(st):
             yield link or f"{gitdir}/{name}", why, None
-    for folder, why in (("remotes", f"a legacy remote: {LEGACY}"), ("branches",
-                        f"a legacy remote: {LEGACY}"), (REPLACE, f"a replace ref: "
-                                                         f"{REPLACED.format('commit')}")):
+    for folder, why in (("remotes", f"a legacy remote: {LEGACY}"),
+                        ("branches", f"a legacy remote: {LEGACY}"),
+                        (REPLACE, f"a replace ref: {REPLACED.format('commit')}")):
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
