@@ -404,6 +404,13 @@ def run(config_fd: int, argv: list[str]) -> int:
         return SETUP_FAILED
     report.send(event="started", pid=pid)
     status = supervise(pid, report, cfg.get("launcher_fd"), bridge)
+    # What the payload left (a daemon, a fork bomb's rest) ends with it: bwrap's PID 1 waits
+    # for every process of the namespace, and without --die-with-parent nothing else ends
+    # them once bwrap's outer process has reported.
+    try:  # noqa: SIM105 (no contextlib: every import here is paid on every launch)
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass  # nothing was left
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))
         return 128 + os.WTERMSIG(status)
