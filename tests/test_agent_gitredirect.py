@@ -130,3 +130,38 @@ def test_alternates_do_not_bring_in_another_store(who: Identity, lab: Lab) -> No
         assert (seen.returncode == 0) == (sandbox == "naive"), (sandbox, seen, stderr)
         if sandbox == "corral":
             assert "quarantined" in stderr and "store it names" in stderr, stderr
+
+
+# The parent of HEAD's entry in a commit-graph (CDAT: tree, parent 1, parent 2, dates per
+# commit, in OIDL's order) set to "none": git trusts the file, whose checksum it never reads.
+CUT_PARENT = """
+import struct, subprocess
+path = ".git/objects/info/commit-graph"
+head = bytes.fromhex(subprocess.check_output(["git", "rev-parse", "HEAD"]).decode().strip())
+d = bytearray(open(path, "rb").read())
+at = {bytes(d[8 + 12 * i:12 + 12 * i]): struct.unpack(">Q", d[12 + 12 * i:20 + 12 * i])[0]
+      for i in range(d[6])}
+oids = [bytes(d[at[b"OIDL"] + 20 * i:at[b"OIDL"] + 20 * i + 20])
+        for i in range((at[b"CDAT"] - at[b"OIDL"]) // 20)]
+struct.pack_into(">I", d, at[b"CDAT"] + 36 * oids.index(head) + 20, 0x70000000)
+open(path, "wb").write(d)
+"""
+
+
+@pytest.mark.parametrize("how", ["shallow", "commit-graph"])
+def test_shallow_and_commit_graph_do_not_rewrite_the_history(who: Identity, lab: Lab, how: str
+                                                             ) -> None:
+    """Grafts by other names: ``shallow`` cuts a commit's parents, and a ``commit-graph``
+    (git reads parents and trees from it before the objects) says what the agent wrote in
+    it.  Host ``git log`` then shows another history than the objects hold."""
+    plant = ("git rev-parse HEAD > .git/shallow" if how == "shallow" else
+             "git commit-graph write --reachable && chmod u+w .git/objects/info/commit-graph"
+             f" && /usr/bin/python3 -c '{CUT_PARENT}'")
+    for sandbox in ("corral", "naive"):
+        project = _project(lab)
+        stderr = _plant(who, lab, sandbox, f"git {ID} commit -q --allow-empty -m two && {plant}")
+        count = _host_git(who, project, "rev-list", "--count", "HEAD").stdout.strip()
+        # Control: after the naive sandbox, the agent's commit has no parent.
+        assert count == ("1" if sandbox == "naive" else "2"), (sandbox, stderr)
+        if sandbox == "corral":
+            assert "quarantined" in stderr and how in stderr, stderr

@@ -13,11 +13,15 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
   credential helper's answer) where the agent chose;
 * ``refs/replace/*``, loose or in ``packed-refs``, and ``info/grafts``: ``git log``,
   ``git show``, ``git diff`` and even ``git checkout`` show another commit (or other
-  parents) than the one ``git push`` sends, so what the user reviews is not what leaves.
+  parents) than the one ``git push`` sends, so what the user reviews is not what leaves;
+* grafts by other names: ``shallow`` cuts the parents of the commits it lists, and
+  ``objects/info/commit-graph`` (or a ``commit-graphs/`` chain), whose parents and trees
+  git reads before the objects and never checks against them, says what its writer chose.
 
 None of it is written by an agent's ordinary work (git itself never writes the legacy
-remotes, grafts or alternates but at ``git clone --shared``, and replace refs only at
-``git replace``), so :func:`planted` names each such file made or changed during the run;
+remotes, grafts or alternates but at ``git clone --shared``, replace refs only at
+``git replace``, ``shallow`` only at a shallow fetch; a commit-graph is a cache, written at
+``git gc`` too, that git does without and rebuilds), so :func:`planted` names each such file made or changed during the run;
 the audit quarantines it.  A ``packed-refs`` holding replace refs is quarantined and put
 back without them, so the run's other refs stay.  Reads go through :mod:`corral.fsops`.
 """
@@ -39,6 +43,9 @@ LEGACY = ("`git push`, `git fetch` and `git pull` (for `origin` too, when the co
           "names none) would send to the URL it holds, the agent's choice")
 REPLACED = ("git log, show, diff and checkout would show another {} than the one git push "
             "sends")
+GRAPH = ("a commit-graph: git reads commits' parents and trees from it, unchecked, and "
+         f"{REPLACED.format('history')}; git does without it, and rebuilds it with "
+         "`git commit-graph write --reachable`")
 REPLACE = "refs/replace"
 PACKED_CAP = 64 << 20  # bytes of a packed-refs read; a larger changed one is taken whole
 WALK_CAP = 100_000  # entries of refs/replace, remotes/ or branches/ walked
@@ -51,13 +58,17 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed
     """(path relative to ``tree``, why, what to put back or None) for each file of
     ``gitdir`` that redirects host git and was made or changed during the run."""
     for name, why in ((ALTERNATES[0], ELSEWHERE), (ALTERNATES[1], ELSEWHERE),
-                      ("info/grafts", f"grafts: {REPLACED.format('history')}")):
+                      ("info/grafts", f"grafts: {REPLACED.format('history')}"),
+                      ("shallow", f"shallow (grafts without parents): "
+                                  f"{REPLACED.format('history')}"),
+                      ("objects/info/commit-graph", GRAPH)):
         st, link = _reach(tree, gitdir, name, changed)
         if link or changed(st):
             yield link or f"{gitdir}/{name}", why, None
     for folder, why in (("remotes", f"a legacy remote: {LEGACY}"),
                         ("branches", f"a legacy remote: {LEGACY}"),
-                        (REPLACE, f"a replace ref: {REPLACED.format('commit')}")):
+                        (REPLACE, f"a replace ref: {REPLACED.format('commit')}"),
+                        ("objects/info/commit-graphs", GRAPH)):
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
