@@ -165,3 +165,36 @@ def test_shallow_and_commit_graph_do_not_rewrite_the_history(who: Identity, lab:
         assert count == ("1" if sandbox == "naive" else "2"), (sandbox, stderr)
         if sandbox == "corral":
             assert "quarantined" in stderr and how in stderr, stderr
+
+
+@pytest.mark.parametrize("where", ["loose", "packed"])
+def test_a_moved_remote_tracking_ref_does_not_hide_what_git_push_sends(
+        who: Identity, lab: Lab, where: str) -> None:
+    """The agent commits, then moves ``origin/main`` onto its commit: host ``git log
+    origin/main..`` (and ``git status``: "up to date") shows nothing to push, and the
+    user's next push sends the commit unreviewed.  The user's remote-tracking refs are
+    packed at launch (as ``git clone`` leaves them): the moved one goes, the packed one
+    is what host git sees again; moved inside ``packed-refs``, it goes too (git fetch
+    brings it back)."""
+    move = f"echo EVIL > f && git {ID} commit -qam change && " \
+           "git update-ref refs/remotes/origin/main HEAD" + \
+           (" && git pack-refs --all" if where == "packed" else "")
+    for sandbox in ("corral", "naive"):
+        project = _project(lab)
+        origin = lab.home / "dev" / f"origin-{uuid.uuid4().hex[:8]}.git"
+        git(origin.parent, "init", "-q", "--bare", str(origin))
+        git(project, "remote", "add", "origin", str(origin))
+        git(project, "push", "-q", "origin", "main")
+        git(project, "pack-refs", "--all")
+        lab.own(project, origin)
+        stderr = _plant(who, lab, sandbox, move)
+        log = _host_git(who, project, "log", "--format=%s", "origin/main..main")
+        if sandbox == "naive":  # control: nothing to push, says host git
+            assert log.returncode == 0 and log.stdout == "", (log, stderr)
+            continue
+        assert "quarantined" in stderr and "remote-tracking" in stderr, stderr
+        if where == "loose":  # the launch's packed value is back
+            assert log.stdout.split() == ["change"], (log, stderr)
+        else:  # gone: host git says so, and a fetch brings it back
+            assert log.returncode != 0, (log, stderr)
+        assert _host_git(who, project, "rev-parse", "main").returncode == 0
