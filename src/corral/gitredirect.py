@@ -23,13 +23,15 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
   ``objects/info/commit-graph`` (or a ``commit-graphs/`` chain), whose parents and trees
   git reads before the objects and never checks against them, says what its writer chose.
 
-None of it is written by an agent's ordinary work (git itself never writes the legacy
+Little of it is written by an agent's ordinary work (git itself never writes the legacy
 remotes, grafts or alternates but at ``git clone --shared``, replace refs only at
-``git replace``, ``shallow`` only at a shallow fetch; a commit-graph is a cache, written at
-``git gc`` too, that git does without and rebuilds), so :func:`planted` names each such file made or changed during the run;
-the audit quarantines it.  A ``packed-refs`` changed during the run that holds replace
-or remote-tracking refs is quarantined and put back without them, so the run's other
-refs stay.  Reads go through :mod:`corral.fsops`.
+``git replace``, ``shallow`` only at a shallow fetch; a commit-graph is a cache that
+``git gc`` writes and git does without; remote-tracking refs are moved by a fetch or a
+push, and a later ``git fetch`` on the host brings them back), so :func:`planted` names
+each such file made or changed during the run; the audit quarantines it.  A
+``packed-refs`` changed during the run that holds replace or remote-tracking refs is
+quarantined and put back without them, so the run's other refs stay.
+Reads go through :mod:`corral.fsops`.
 """
 
 from __future__ import annotations
