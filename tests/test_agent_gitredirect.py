@@ -198,3 +198,22 @@ def test_a_moved_remote_tracking_ref_does_not_hide_what_git_push_sends(
         else:  # gone: host git says so, and a fetch brings it back
             assert log.returncode != 0, (log, stderr)
         assert _host_git(who, project, "rev-parse", "main").returncode == 0
+
+
+@pytest.mark.parametrize("mark", ["skip-worktree", "assume-unchanged"])
+def test_an_index_mark_does_not_hide_a_change_from_review(who: Identity, lab: Lab, mark: str
+                                                         ) -> None:
+    """The agent edits a tracked file, then marks it in the index: host ``git status``
+    and ``git diff`` skip the file, and the change goes unreviewed (then runs, if it is
+    a script).  The index is put back without the mark, its other entries kept."""
+    for sandbox in ("corral", "naive"):
+        project = _project(lab)
+        stderr = _plant(who, lab, sandbox, f"echo EVIL > f && git update-index --{mark} f")
+        status = _host_git(who, project, "status", "--porcelain").stdout
+        # Control: after the naive sandbox, host git sees nothing changed.
+        assert status == ("" if sandbox == "naive" else " M f\n"), (sandbox, status, stderr)
+        assert (project / "f").read_text() == "EVIL\n"
+        if sandbox == "corral":
+            assert "quarantined" in stderr and "git status" in stderr, stderr
+            listed = _host_git(who, project, "ls-files", "-v").stdout
+            assert listed == "H f\n", listed  # no mark left, the entry kept

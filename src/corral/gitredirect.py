@@ -40,7 +40,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 
-from . import fsops
+from . import fsops, gitconfig, gitindex
 from .fswalk import join, walk
 
 __all__ = ["planted"]
@@ -56,6 +56,10 @@ GRAPH = ("a commit-graph: git reads commits' parents and trees from it, unchecke
          "`git commit-graph write --reachable`")
 REMOTE = ("a remote-tracking ref: moved, `git log origin/main..` and `git status` would "
           "hide commits the next `git push` sends; `git fetch` brings it back")
+UNSEEN = ("the index marks files that git status and git diff would not look at "
+          "(assume-unchanged, skip-worktree), so a change there goes unreviewed")
+TRUE = ("true", "yes", "on", "1", "")
+CONFIG_CAP = 1 << 20
 REPLACE = "refs/replace"
 DROPPED = {b"refs/replace/": f"replace refs: {REPLACED.format('commit')}",
            b"refs/remotes/": REMOTE}  # the refs a changed packed-refs loses, and why
@@ -83,6 +87,7 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed
                         ("objects/info/commit-graphs", GRAPH),
                         ("refs/remotes", REMOTE)):
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
+    yield from _index(tree, gitdir, changed)
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
     if verdict is not None:
@@ -124,6 +129,43 @@ def _files(tree: fsops.Tree, gitdir: str, folder: str, changed: Changed) -> Iter
                         if e.kind != "dir" and changed(e.st))
     except OSError:
         yield top  # a folder corral cannot walk as git would: all of it goes
+
+
+def _index(tree: fsops.Tree, gitdir: str, changed: Changed
+           ) -> Iterator[tuple[str, str, bytes | None]]:
+    """A changed ``index`` with entries git status would skip: put back without their
+    marks (taken whole when corral cannot read it as git would).  A sparse checkout's
+    skip-worktree marks are its own: only assume-unchanged is cleared there."""
+    rel = f"{gitdir}/index"
+    try:
+        if not changed(tree.lstat(rel)):
+            return
+        data = tree.read(rel, PACKED_CAP)
+    except OSError:
+        data = None
+    if data is None:
+        yield rel, f"{UNSEEN} (corral could not read it; `git reset` rebuilds it)", None
+        return
+    found = gitindex.unhide(data, skip_worktree=not _sparse(tree, gitdir))
+    if found is not None:
+        names = ", ".join(p.decode(errors="replace") for p in found[1][:5])
+        more = f" and {len(found[1]) - 5} more" if len(found[1]) > 5 else ""
+        yield rel, f"{UNSEEN}: {names}{more}", found[0]
+
+
+def _sparse(tree: fsops.Tree, gitdir: str) -> bool:
+    """Whether ``gitdir`` is a sparse checkout (its config, or its sparse-checkout file)."""
+    if tree.lstat(f"{gitdir}/info/sparse-checkout") is not None:
+        return True
+    for name in ("config", "config.worktree"):
+        try:
+            entries = gitconfig.parse(tree.read(f"{gitdir}/{name}", CONFIG_CAP) or b"")
+        except (OSError, gitconfig.ConfigError):
+            return True  # unreadable: leave skip-worktree marks, as a sparse checkout's
+        if any(k == "core.sparsecheckout" and (v is None or v.lower() in TRUE)
+               for k, v in entries):
+            return True
+    return False
 
 
 def _packed(tree: fsops.Tree, rel: str, changed: Changed
