@@ -352,7 +352,8 @@ def supervise(pid: int, report: Reporter, launcher: int | None, bridge: Any) -> 
 
     The launcher is watched too, through ``launcher``, a pidfd of its process readable once
     it has exited, SIGKILLed or crashed; a status report that failed says the same.  corral
-    does not use bwrap's --die-with-parent, which leaves bwrap's sandbox child blocked for
+    does not use bwrap's --die-with-parent where the payload cannot stop the init
+    (:func:`corral.resolve.init_shielded`), which leaves bwrap's sandbox child blocked for
     ever when the launcher dies while bwrap sets up, and follows the launcher's thread, not
     its process.  Then every process of the sandbox is killed: kill -1 from here reaches
     the whole PID namespace but PID 1, bwrap's, which exits with us.  init_bridge.c does
