@@ -36,10 +36,10 @@ holds for it alike.
 
 from __future__ import annotations
 
+import _socket  # not socket (~2.5 ms, its enums): the launcher only makes the pair
 import contextlib
 import os
 import resource
-import socket
 import threading
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -136,8 +136,8 @@ class Session:
         self.resolver = resolver
         self.max_connections = _fd_budget(max_connections)
         self.log: DecisionLog | None = None
-        self.ours: socket.socket | None = None
-        self.theirs: socket.socket | None = None
+        self.ours: _socket.socket | None = None
+        self.theirs: _socket.socket | None = None
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop: asyncio.Future[None] | None = None
@@ -156,7 +156,7 @@ class Session:
         Raises LaunchError when the pair, the log or the proxy's process cannot be made."""
         try:
             self.log = DecisionLog(self.log_path)
-            self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.ours, self.theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
             if _forking():
                 self.child = forked.fork_child(self)
         except OSError as e:
@@ -196,7 +196,7 @@ class Session:
             else f"{type(self.failure).__name__}: {self.failure}"
         return f"the egress proxy failed ({what}); no connection was relayed after that"
 
-    def _run(self, ours: socket.socket, log: DecisionLog) -> None:
+    def _run(self, ours: _socket.socket, log: DecisionLog) -> None:
         try:
             self._serve(ours, log)
         except BaseException as e:  # kept for close() and the record: never a silent death
@@ -206,7 +206,7 @@ class Session:
             log.close()
             self.ready.set()
 
-    def _serve(self, ours: socket.socket, log: DecisionLog) -> None:
+    def _serve(self, ours: _socket.socket, log: DecisionLog) -> None:
         import asyncio
 
         from .proxy import Proxy, Run, system_resolver
