@@ -29,6 +29,7 @@ import json
 import os
 import select
 import signal
+import sys
 import time
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -104,6 +105,9 @@ def _child(session: Session, stop_r: int, result_w: int) -> NoReturn:
         for name in _DEFAULT:
             signal.signal(getattr(signal, name), signal.SIG_DFL)
         _blank_all_but({0, 1, 2, stop_r, result_w, session.ours.fileno(), session.log.fd})
+        # The proxy never speaks TLS; asyncio imports ssl only if it can (~4 ms).  This
+        # process is the proxy's alone, so no one else's import of ssl is changed.
+        sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
         failure: str | None = None
         try:
             session.stop_fd = stop_r
