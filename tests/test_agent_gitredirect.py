@@ -130,3 +130,90 @@ def test_alternates_do_not_bring_in_another_store(who: Identity, lab: Lab) -> No
         assert (seen.returncode == 0) == (sandbox == "naive"), (sandbox, seen, stderr)
         if sandbox == "corral":
             assert "quarantined" in stderr and "store it names" in stderr, stderr
+
+
+# The parent of HEAD's entry in a commit-graph (CDAT: tree, parent 1, parent 2, dates per
+# commit, in OIDL's order) set to "none": git trusts the file, whose checksum it never reads.
+CUT_PARENT = """
+import struct, subprocess
+path = ".git/objects/info/commit-graph"
+head = bytes.fromhex(subprocess.check_output(["git", "rev-parse", "HEAD"]).decode().strip())
+d = bytearray(open(path, "rb").read())
+at = {bytes(d[8 + 12 * i:12 + 12 * i]): struct.unpack(">Q", d[12 + 12 * i:20 + 12 * i])[0]
+      for i in range(d[6])}
+oids = [bytes(d[at[b"OIDL"] + 20 * i:at[b"OIDL"] + 20 * i + 20])
+        for i in range((at[b"CDAT"] - at[b"OIDL"]) // 20)]
+struct.pack_into(">I", d, at[b"CDAT"] + 36 * oids.index(head) + 20, 0x70000000)
+open(path, "wb").write(d)
+"""
+
+
+@pytest.mark.parametrize("how", ["shallow", "commit-graph"])
+def test_shallow_and_commit_graph_do_not_rewrite_the_history(who: Identity, lab: Lab, how: str
+                                                             ) -> None:
+    """Grafts by other names: ``shallow`` cuts a commit's parents, and a ``commit-graph``
+    (git reads parents and trees from it before the objects) says what the agent wrote in
+    it.  Host ``git log`` then shows another history than the objects hold."""
+    plant = ("git rev-parse HEAD > .git/shallow" if how == "shallow" else
+             "git commit-graph write --reachable && chmod u+w .git/objects/info/commit-graph"
+             f" && /usr/bin/python3 -c '{CUT_PARENT}'")
+    for sandbox in ("corral", "naive"):
+        project = _project(lab)
+        stderr = _plant(who, lab, sandbox, f"git {ID} commit -q --allow-empty -m two && {plant}")
+        count = _host_git(who, project, "rev-list", "--count", "HEAD").stdout.strip()
+        # Control: after the naive sandbox, the agent's commit has no parent.
+        assert count == ("1" if sandbox == "naive" else "2"), (sandbox, stderr)
+        if sandbox == "corral":
+            assert "quarantined" in stderr and how in stderr, stderr
+
+
+@pytest.mark.parametrize("where", ["loose", "packed"])
+def test_a_moved_remote_tracking_ref_does_not_hide_what_git_push_sends(
+        who: Identity, lab: Lab, where: str) -> None:
+    """The agent commits, then moves ``origin/main`` onto its commit: host ``git log
+    origin/main..`` (and ``git status``: "up to date") shows nothing to push, and the
+    user's next push sends the commit unreviewed.  The user's remote-tracking refs are
+    packed at launch (as ``git clone`` leaves them): the moved one goes, the packed one
+    is what host git sees again; moved inside ``packed-refs``, it goes too (git fetch
+    brings it back)."""
+    move = f"echo EVIL > f && git {ID} commit -qam change && " \
+           "git update-ref refs/remotes/origin/main HEAD" + \
+           (" && git pack-refs --all" if where == "packed" else "")
+    for sandbox in ("corral", "naive"):
+        project = _project(lab)
+        origin = lab.home / "dev" / f"origin-{uuid.uuid4().hex[:8]}.git"
+        git(origin.parent, "init", "-q", "--bare", str(origin))
+        git(project, "remote", "add", "origin", str(origin))
+        git(project, "push", "-q", "origin", "main")
+        git(project, "pack-refs", "--all")
+        lab.own(project, origin)
+        stderr = _plant(who, lab, sandbox, move)
+        log = _host_git(who, project, "log", "--format=%s", "origin/main..main")
+        if sandbox == "naive":  # control: nothing to push, says host git
+            assert log.returncode == 0 and log.stdout == "", (log, stderr)
+            continue
+        assert "quarantined" in stderr and "remote-tracking" in stderr, stderr
+        if where == "loose":  # the launch's packed value is back
+            assert log.stdout.split() == ["change"], (log, stderr)
+        else:  # gone: host git says so, and a fetch brings it back
+            assert log.returncode != 0, (log, stderr)
+        assert _host_git(who, project, "rev-parse", "main").returncode == 0
+
+
+@pytest.mark.parametrize("mark", ["skip-worktree", "assume-unchanged"])
+def test_an_index_mark_does_not_hide_a_change_from_review(who: Identity, lab: Lab, mark: str
+                                                         ) -> None:
+    """The agent edits a tracked file, then marks it in the index: host ``git status``
+    and ``git diff`` skip the file, and the change goes unreviewed (then runs, if it is
+    a script).  The index is put back without the mark, its other entries kept."""
+    for sandbox in ("corral", "naive"):
+        project = _project(lab)
+        stderr = _plant(who, lab, sandbox, f"echo EVIL > f && git update-index --{mark} f")
+        status = _host_git(who, project, "status", "--porcelain").stdout
+        # Control: after the naive sandbox, host git sees nothing changed.
+        assert status == ("" if sandbox == "naive" else " M f\n"), (sandbox, status, stderr)
+        assert (project / "f").read_text() == "EVIL\n"
+        if sandbox == "corral":
+            assert "quarantined" in stderr and "git status" in stderr, stderr
+            listed = _host_git(who, project, "ls-files", "-v").stdout
+            assert listed == "H f\n", listed  # no mark left, the entry kept

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import cast
 
 from corral.bwrap import Mount, Sandbox, build_ops, command, init_config, render, run_mounts
+from corral.host import HostFacts
 from corral.launch import Numbering
+from corral.resolve import init_shielded
 
 BASE = Sandbox(
     argv=("/usr/bin/python3", "script.py"),
@@ -16,6 +20,7 @@ BASE = Sandbox(
     uid=1000,
     gid=1000,
     disable_userns=True,
+    init_shielded=True,
     mounts=tuple(run_mounts(
         usr_links=(("usr/bin", "/bin"), ("usr/lib", "/lib")),
         base=(Mount("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True),
@@ -69,6 +74,19 @@ def test_root_mode_keeps_only_what_the_init_needs_to_drop() -> None:
     ]
     assert "--unshare-user" not in words and "--unshare-all" not in words
     assert "--die-with-parent" not in words  # the init watches the launcher instead
+
+
+def test_die_with_parent_stays_where_the_payload_can_stop_its_init() -> None:
+    """Below Landlock ABI 6 the payload may SIGSTOP its init, which then watches no
+    launcher: bwrap's --die-with-parent is the net there (the red team's
+    test_a_payload_that_stops_its_init_dies_with_its_launcher)."""
+    words = render(build_ops(replace(BASE, init_shielded=False)), Numbering())
+    assert words.index("--die-with-parent") < words.index("--new-session")
+    host = {abi: cast(HostFacts, SimpleNamespace(landlock_abi=abi)) for abi in (5, 6, 7)}
+    scoped = {"landlock": {"rules": [], "scope": True}}
+    assert [init_shielded(scoped, host[abi]) for abi in (5, 6, 7)] == [False, True, True]
+    assert not init_shielded({"landlock": None}, host[7])  # no Landlock at all
+    assert not init_shielded({"landlock": {"rules": [], "scope": False}}, host[7])
 
 
 def test_no_disable_userns_when_host_cannot() -> None:

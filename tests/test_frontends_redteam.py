@@ -678,6 +678,69 @@ def test_a_launcher_killed_while_bwrap_sets_up_leaves_nothing(who: Identity, ini
         assert mode == "protected" or left, f"the control {mode} left nothing"
 
 
+
+STOPPING_RUNNER = """
+import dataclasses, os, signal, sys, threading
+import corral, corral.launch
+mode, marker = sys.argv[1], sys.argv[2]
+real_init = corral.launch.Launch.__init__
+def init(self, sb, **kw):  # as on a host below Landlock ABI 6: no signal scope
+    config = dict(sb.init_config, landlock=dict(sb.init_config["landlock"], scope=False))
+    # the control: what the sandbox gets where the init cannot be signalled
+    shielded = mode == "shielded" if hasattr(sb, "init_shielded") else True
+    sb = dataclasses.replace(sb, init_config=config,
+                             **({"init_shielded": shielded} if hasattr(sb, "init_shielded")
+                                else {}))
+    real_init(self, sb, **kw)
+corral.launch.Launch.__init__ = init
+threading.Timer(6, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+corral.run(["/bin/sh", "-c", f"kill -STOP 2; sleep 60; : {marker}"])
+"""
+
+
+@pytest.mark.parametrize("init", ["c", "python"])
+def test_a_payload_that_stops_its_init_dies_with_its_launcher(who: Identity, init: str
+                                                              ) -> None:
+    """Below Landlock ABI 6 (Linux < 6.12) nothing stops a payload from signalling its
+    init: it SIGSTOPs it, and once the launcher is SIGKILLed nobody watches any more;
+    without bwrap's --die-with-parent the payload ran on, with no timeout.  There the
+    sandbox keeps --die-with-parent.  Control: the init taken for shielded (no flag), the
+    payload outlives its launcher, its init stopped."""
+    if init == "c":
+        from corral import cinit
+        need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    for mode in ("exposed", "shielded"):
+        marker = f"corral-stopping-{os.urandom(4).hex()}"
+        runs = who.tmp / f"runs-{marker}"
+        proc = subprocess.Popen([*who.prefix(), "-c", STOPPING_RUNNER, mode, marker],
+                                env=who.environ({"CORRAL_INIT": init,
+                                                 "CORRAL_RUNS_DIR": str(runs)}),
+                                cwd=who.tmp, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        assert proc.wait(timeout=120) == -signal.SIGKILL
+        if mode == "exposed":
+            assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
+        else:
+            time.sleep(3)
+            left = processes_with(marker)
+            stopped = [pid for pid in left if _state(pid) == "T"]
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            assert eventually(lambda m=marker: processes_with(m) == [], 60)
+            assert left and stopped, f"the control left {left}, stopped {stopped}"
+        for run_id in os.listdir(runs) if runs.exists() else []:
+            for p in _cgroups_of(who, run_id):
+                assert eventually(lambda p=p: _rmdir(p), 30)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
 # --- the Ray engine's own cluster -----------------------------------------------------------
 
 RAY_RUNNER = """

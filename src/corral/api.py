@@ -401,7 +401,7 @@ def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, 
         # wait for the thread first, since a fork mid-import would leave its locks held.
         # Without a proxy there is no thread, and the init's files need not be checked.
         if net.pass_fds and cinit.joiner() is None:
-            net.wait()
+            net.quiesce()
         limited = enforce.launch_limited(
             net.attach(sb), policy, facts, cg_plan, run_id, measured, image, disk_why,
             capture=capture,

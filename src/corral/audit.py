@@ -401,7 +401,7 @@ class Auditor:
             try:
                 tree.write_new(rel, saved[0], saved[1])
                 self.actions.append(Action(path, "restored", "its content from the launch"
-                                           if back is None else "its other refs"))
+                                           if back is None else "the rest of it"))
             except OSError as e:
                 self.actions.append(Action(path, "failed", f"could not put back its content "
                                            f"from the launch ({e.strerror})"))

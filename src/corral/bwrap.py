@@ -231,6 +231,10 @@ class Sandbox:
     # The compiled init's host path (corral.cinit), bound read-only in place of inner.py and
     # its interpreter; None: the Python init.
     init_binary: str | None = None
+    # The payload cannot signal the init (Landlock's signal scope, ABI 6, applies: see
+    # corral.resolve.init_shielded).  Where it can, it may SIGSTOP the init, which then
+    # no longer watches the launcher: bwrap's --die-with-parent stays the net there.
+    init_shielded: bool = False
 
 
 def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
@@ -246,8 +250,11 @@ def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
         if sb.disable_userns:
             yield Flag(("--disable-userns",))
         yield Flag(("--cap-drop", "ALL"))
-    # No --die-with-parent: the init watches the launcher's process instead (inner.py's
-    # supervise says why).
+    # No --die-with-parent where the init is shielded: it watches the launcher's process
+    # instead (inner.py's supervise says why).  Where the payload can stop the init, the
+    # flag stays, at the cost of the rare child blocked for ever that supervise names.
+    if not sb.init_shielded:
+        yield Flag(("--die-with-parent",))
     yield Flag(("--new-session", "--hostname", sb.hostname))
 
 

@@ -478,6 +478,9 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         args = _parser(verb).parse_args(options)
         if args.verb in ("run", "agent", "shell"):
             signal.signal(signal.SIGINT, _stop)  # a second Ctrl-C waits for the teardown
+            from . import egress
+
+            egress.fork_proxies()  # this process is corral's own: the proxy may be forked
         if args.verb == "run":
             code = cmd_run(args, cmd)
         elif args.verb in ("agent", "shell"):

@@ -13,13 +13,25 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
   credential helper's answer) where the agent chose;
 * ``refs/replace/*``, loose or in ``packed-refs``, and ``info/grafts``: ``git log``,
   ``git show``, ``git diff`` and even ``git checkout`` show another commit (or other
-  parents) than the one ``git push`` sends, so what the user reviews is not what leaves.
+  parents) than the one ``git push`` sends, so what the user reviews is not what leaves;
+* ``refs/remotes/*``, loose or packed: moved onto the agent's commits, ``git log
+  origin/main..`` and ``git status`` ("up to date") show nothing to push, and the user's
+  next push sends them unreviewed.  These refs are a cache of the remote, which
+  ``git fetch`` restores: one made or changed during the run goes (the packed value
+  from the launch, if any, is what git sees again);
+* grafts by other names: ``shallow`` cuts the parents of the commits it lists, and
+  ``objects/info/commit-graph`` (or a ``commit-graphs/`` chain), whose parents and trees
+  git reads before the objects and never checks against them, says what its writer chose.
 
-None of it is written by an agent's ordinary work (git itself never writes the legacy
-remotes, grafts or alternates but at ``git clone --shared``, and replace refs only at
-``git replace``), so :func:`planted` names each such file made or changed during the run;
-the audit quarantines it.  A ``packed-refs`` holding replace refs is quarantined and put
-back without them, so the run's other refs stay.  Reads go through :mod:`corral.fsops`.
+Little of it is written by an agent's ordinary work (git itself never writes the legacy
+remotes, grafts or alternates but at ``git clone --shared``, replace refs only at
+``git replace``, ``shallow`` only at a shallow fetch; a commit-graph is a cache that
+``git gc`` writes and git does without; remote-tracking refs are moved by a fetch or a
+push, and a later ``git fetch`` on the host brings them back), so :func:`planted` names
+each such file made or changed during the run; the audit quarantines it.  A
+``packed-refs`` changed during the run that holds replace or remote-tracking refs is
+quarantined and put back without them, so the run's other refs stay.
+Reads go through :mod:`corral.fsops`.
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ import os
 import stat
 from collections.abc import Callable, Iterator
 
-from . import fsops
+from . import fsops, gitconfig, gitindex
 from .fswalk import join, walk
 
 __all__ = ["planted"]
@@ -39,7 +51,18 @@ LEGACY = ("`git push`, `git fetch` and `git pull` (for `origin` too, when the co
           "names none) would send to the URL it holds, the agent's choice")
 REPLACED = ("git log, show, diff and checkout would show another {} than the one git push "
             "sends")
+GRAPH = ("a commit-graph: git reads commits' parents and trees from it, unchecked, and "
+         f"{REPLACED.format('history')}; git does without it, and rebuilds it with "
+         "`git commit-graph write --reachable`")
+REMOTE = ("a remote-tracking ref: moved, `git log origin/main..` and `git status` would "
+          "hide commits the next `git push` sends; `git fetch` brings it back")
+UNSEEN = ("the index marks files that git status and git diff would not look at "
+          "(assume-unchanged, skip-worktree), so a change there goes unreviewed")
+TRUE = ("true", "yes", "on", "1", "")
+CONFIG_CAP = 1 << 20
 REPLACE = "refs/replace"
+DROPPED = {b"refs/replace/": f"replace refs: {REPLACED.format('commit')}",
+           b"refs/remotes/": REMOTE}  # the refs a changed packed-refs loses, and why
 PACKED_CAP = 64 << 20  # bytes of a packed-refs read; a larger changed one is taken whole
 WALK_CAP = 100_000  # entries of refs/replace, remotes/ or branches/ walked
 
@@ -51,18 +74,25 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed
     """(path relative to ``tree``, why, what to put back or None) for each file of
     ``gitdir`` that redirects host git and was made or changed during the run."""
     for name, why in ((ALTERNATES[0], ELSEWHERE), (ALTERNATES[1], ELSEWHERE),
-                      ("info/grafts", f"grafts: {REPLACED.format('history')}")):
+                      ("info/grafts", f"grafts: {REPLACED.format('history')}"),
+                      ("shallow", f"shallow (grafts without parents): "
+                                  f"{REPLACED.format('history')}"),
+                      ("objects/info/commit-graph", GRAPH)):
         st, link = _reach(tree, gitdir, name, changed)
         if link or changed(st):
             yield link or f"{gitdir}/{name}", why, None
     for folder, why in (("remotes", f"a legacy remote: {LEGACY}"),
                         ("branches", f"a legacy remote: {LEGACY}"),
-                        (REPLACE, f"a replace ref: {REPLACED.format('commit')}")):
+                        (REPLACE, f"a replace ref: {REPLACED.format('commit')}"),
+                        ("objects/info/commit-graphs", GRAPH),
+                        ("refs/remotes", REMOTE)):
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
+    yield from _index(tree, gitdir, changed)
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
     if verdict is not None:
-        yield packed, f"it holds replace refs: {REPLACED.format('commit')}", verdict or None
+        kept, kinds = verdict
+        yield packed, "it holds " + "; and ".join(DROPPED[k] for k in kinds), kept or None
 
 
 def _reach(tree: fsops.Tree, gitdir: str, name: str, changed: Changed
@@ -101,10 +131,49 @@ def _files(tree: fsops.Tree, gitdir: str, folder: str, changed: Changed) -> Iter
         yield top  # a folder corral cannot walk as git would: all of it goes
 
 
-def _packed(tree: fsops.Tree, rel: str, changed: Changed) -> bytes | None:
-    """None: leave ``packed-refs`` (unchanged, or no replace ref in it); b"": take it
-    whole (git follows a link there, and corral cannot read a FIFO or a huge one as git
-    would); else its bytes without the replace refs and their peeled lines."""
+def _index(tree: fsops.Tree, gitdir: str, changed: Changed
+           ) -> Iterator[tuple[str, str, bytes | None]]:
+    """A changed ``index`` with entries git status would skip: put back without their
+    marks (taken whole when corral cannot read it as git would).  A sparse checkout's
+    skip-worktree marks are its own: only assume-unchanged is cleared there."""
+    rel = f"{gitdir}/index"
+    try:
+        if not changed(tree.lstat(rel)):
+            return
+        data = tree.read(rel, PACKED_CAP)
+    except OSError:
+        data = None
+    if data is None:
+        yield rel, f"{UNSEEN} (corral could not read it; `git reset` rebuilds it)", None
+        return
+    found = gitindex.unhide(data, skip_worktree=not _sparse(tree, gitdir))
+    if found is not None:
+        names = ", ".join(p.decode(errors="replace") for p in found[1][:5])
+        more = f" and {len(found[1]) - 5} more" if len(found[1]) > 5 else ""
+        yield rel, f"{UNSEEN}: {names}{more}", found[0]
+
+
+def _sparse(tree: fsops.Tree, gitdir: str) -> bool:
+    """Whether ``gitdir`` is a sparse checkout (its config, or its sparse-checkout file)."""
+    if tree.lstat(f"{gitdir}/info/sparse-checkout") is not None:
+        return True
+    for name in ("config", "config.worktree"):
+        try:
+            entries = gitconfig.parse(tree.read(f"{gitdir}/{name}", CONFIG_CAP) or b"")
+        except (OSError, gitconfig.ConfigError):
+            return True  # unreadable: leave skip-worktree marks, as a sparse checkout's
+        if any(k == "core.sparsecheckout" and (v is None or v.lower() in TRUE)
+               for k, v in entries):
+            return True
+    return False
+
+
+def _packed(tree: fsops.Tree, rel: str, changed: Changed
+            ) -> tuple[bytes, list[bytes]] | None:
+    """None: leave ``packed-refs`` (unchanged, or none of :data:`DROPPED` in it); b"":
+    take it whole (git follows a link there, and corral cannot read a FIFO or a huge one
+    as git would); else its bytes without those refs and their peeled lines, and which
+    kinds went."""
     try:
         if not changed(tree.lstat(rel)):
             return None
@@ -112,13 +181,15 @@ def _packed(tree: fsops.Tree, rel: str, changed: Changed) -> bytes | None:
     except OSError:
         data = None
     if data is None:
-        return b""
-    keep, dropping = [], False
+        return b"", list(DROPPED)
+    keep, kinds, dropping = [], [], False
     for line in data.splitlines(keepends=True):
         if line.startswith(b"^"):  # the peeled value of the ref just before
             keep += [] if dropping else [line]
             continue
-        dropping = line.split(b" ", 1)[-1].startswith(REPLACE.encode() + b"/")
+        name = line.split(b" ", 1)[-1]
+        kind = next((k for k in DROPPED if name.startswith(k)), None)
+        dropping = kind is not None
+        kinds += [kind] if kind is not None and kind not in kinds else []
         keep += [] if dropping else [line]
-    kept = b"".join(keep)
-    return None if kept == data else kept
+    return None if not kinds else (b"".join(keep), kinds)

@@ -360,6 +360,10 @@ int main(int argc, char **argv) {
     }
     send_int("started", "pid", pid);
     int status = supervise(pid);
+    /* What the payload left (a daemon, a fork bomb's rest) ends with it: bwrap's PID 1 waits
+     * for every process of the namespace, and without --die-with-parent nothing else ends
+     * them once bwrap's outer process has reported. */
+    kill(-1, SIGKILL);
     if (status < 0) return SETUP_FAILED; /* no end reported: the launcher says "error" */
     if (WIFSIGNALED(status)) {
         send_int("signaled", "signal", WTERMSIG(status));

@@ -54,7 +54,8 @@ static int forward(int listener) {
  *
  * The launcher is watched too, through a pidfd of its process (config launcher_fd),
  * readable once it has exited, SIGKILLed or crashed; a status report that failed says the
- * same.  corral does not use bwrap's --die-with-parent, which leaves bwrap's sandbox child
+ * same.  Where the payload cannot stop the init (corral.resolve.init_shielded), corral
+ * does not use bwrap's --die-with-parent, which leaves bwrap's sandbox child
  * blocked for ever when the launcher dies while bwrap sets up (bubblewrap.c: the parent
  * arms it, then lets the child go on), and follows the launcher's thread, not its process.
  * Then every process of the sandbox is killed: kill -1 from here reaches the whole PID

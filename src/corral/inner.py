@@ -352,7 +352,8 @@ def supervise(pid: int, report: Reporter, launcher: int | None, bridge: Any) -> 
 
     The launcher is watched too, through ``launcher``, a pidfd of its process readable once
     it has exited, SIGKILLed or crashed; a status report that failed says the same.  corral
-    does not use bwrap's --die-with-parent, which leaves bwrap's sandbox child blocked for
+    does not use bwrap's --die-with-parent where the payload cannot stop the init
+    (:func:`corral.resolve.init_shielded`), which leaves bwrap's sandbox child blocked for
     ever when the launcher dies while bwrap sets up, and follows the launcher's thread, not
     its process.  Then every process of the sandbox is killed: kill -1 from here reaches
     the whole PID namespace but PID 1, bwrap's, which exits with us.  init_bridge.c does
@@ -404,6 +405,13 @@ def run(config_fd: int, argv: list[str]) -> int:
         return SETUP_FAILED
     report.send(event="started", pid=pid)
     status = supervise(pid, report, cfg.get("launcher_fd"), bridge)
+    # What the payload left (a daemon, a fork bomb's rest) ends with it: bwrap's PID 1 waits
+    # for every process of the namespace, and without --die-with-parent nothing else ends
+    # them once bwrap's outer process has reported.
+    try:  # noqa: SIM105 (no contextlib: every import here is paid on every launch)
+        os.kill(-1, signal.SIGKILL)
+    except OSError:
+        pass  # nothing was left
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))
         return 128 + os.WTERMSIG(status)

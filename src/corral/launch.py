@@ -409,6 +409,9 @@ class Launch:
                     elif fd == proc_fd:
                         sel.unregister(fd)
                         exited = True
+                        # bwrap reports once the init has ended: whatever is left in the
+                        # sandbox (the init killed, say) ends now, not at the grace's end.
+                        self._kill_pid1()
                         # Writers are all gone once bwrap is; drain, but do not wait forever.
                         deadline = time.monotonic() + KILL_GRACE_S
                     elif self.stdin_data is not None and fd == self.in_w:
@@ -517,11 +520,15 @@ class Launch:
         self.fds.append(fd)
         self.outcome.sandbox_pid = pid
 
-    def kill(self) -> None:
-        """SIGKILL the sandbox's PID 1, which ends its whole PID namespace; then bwrap."""
+    def _kill_pid1(self) -> None:
+        """SIGKILL the sandbox's PID 1, which ends its whole PID namespace."""
         if self.pid1_fd is not None:
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(self.pid1_fd, signal.SIGKILL)
+
+    def kill(self) -> None:
+        """SIGKILL the sandbox's PID 1, which ends its whole PID namespace; then bwrap."""
+        self._kill_pid1()
         if self.proc is not None and self.proc.poll() is None:
             with contextlib.suppress(OSError):
                 self.proc.kill()
@@ -559,9 +566,8 @@ class Launch:
             self.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(KILL_GRACE_S)
-        elif self.pid1_fd is not None:  # bwrap gone first (the OOM killer?): its sandbox too
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(self.pid1_fd, signal.SIGKILL)
+        else:  # bwrap gone first (the OOM killer?): its sandbox too
+            self._kill_pid1()
         self.handles.close()
         for fd in self.fds:
             with contextlib.suppress(OSError):

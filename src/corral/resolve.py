@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import pwd
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from . import cinit, discover, interp, seccomp
@@ -216,6 +216,15 @@ def compiled_init() -> str | None:
     return cinit.BINARY if cinit.choice() == "c" else None
 
 
+def init_shielded(config: Mapping[str, Any], host: HostFacts) -> bool:
+    """Whether the payload cannot signal (stop, kill) its init: the init applies Landlock's
+    signal scope only at ABI 6 and up (inner.py, init.c), and only with Landlock on."""
+    landlock = config.get("landlock")
+    if not isinstance(landlock, Mapping):  # none: the init applies no Landlock at all
+        return False
+    return bool(landlock.get("scope", True)) and host.landlock_abi >= 6
+
+
 def kernel_layers(policy: Policy, host: HostFacts, uid: int, gid: int,
                   writable: Sequence[str]) -> tuple[dict[str, Any], bytes | None]:
     """The init's config (identity, rlimits, Landlock, the payload's own seccomp
@@ -311,6 +320,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         init_source=init_source(),
         init_binary=compiled_init(),
         init_config=config,
+        init_shielded=init_shielded(config, host),
         root_mode=host.is_root,
         uid=uid,
         gid=gid,

@@ -370,7 +370,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         init_python=host.python,
         init_source=resolve.init_source(),
         init_binary=resolve.compiled_init(),
-        init_config=config,
+        init_config=config, init_shielded=resolve.init_shielded(config, host),
         root_mode=host.is_root, uid=uid, gid=gid, disable_userns=disable_userns,
         mounts=tuple(agent_mounts(layout)),
         seal=tuple(agent_seal(layout)),

@@ -12,6 +12,7 @@
     relay    moving a tunnel's bytes
     log      the run's decision log (``egress.jsonl``)
     session  one run's proxy session, and :func:`attach` for the sandbox
+    forked   the session's proxy in a child process, for corral's CLI
     bridge   the in-sandbox bridge, run by corral's init (standard library only)
 
 Names are imported lazily: :mod:`corral.policy` validates rules through
@@ -23,7 +24,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["Bridge", "Decision", "NoEgress", "Rules", "Session", "attach", "compile_rules",
-           "open_session", "plan_bridge", "proxy_env"]
+           "fork_proxies", "open_session", "plan_bridge", "proxy_env"]
+
+FORK_PROXIES = False  # see fork_proxies
 
 _WHERE = {"Decision": "rules", "Rules": "rules", "compile_rules": "rules",
           "Bridge": "session", "NoEgress": "off", "Session": "session", "attach": "session",
@@ -41,3 +44,11 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+
+
+def fork_proxies() -> None:
+    """Run each session's proxy in a forked child process instead of a thread (see
+    :mod:`.forked`).  For corral's CLI only, which owns its process: never a library
+    caller's, whose other threads may hold locks a fork would copy held."""
+    global FORK_PROXIES
+    FORK_PROXIES = True

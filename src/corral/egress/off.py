@@ -26,6 +26,9 @@ class NoEgress:
     def wait(self) -> None:
         pass
 
+    def quiesce(self) -> None:
+        pass
+
     def denials(self) -> tuple[dict[str, Any], ...]:
         return ()
 

@@ -25,6 +25,7 @@ its tunnel, or the proxy's set of open connections.
 
 from __future__ import annotations
 
+import _socket
 import asyncio
 import contextlib
 import ipaddress
@@ -72,12 +73,12 @@ class Proxy:
         self.failures = 0  # exceptions that were the proxy's fault (each answered and logged)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.opener: Opener | None = None
-        self.ctrl: socket.socket | None = None
+        self.ctrl: _socket.socket | None = None  # the session's pair: a plain _socket
         self.marks = (0.0, 0.0)  # wall clock and this thread's CPU time at the last tick
 
     # -- control socket: descriptors from the bridge ---------------------------
 
-    def attach(self, loop: asyncio.AbstractEventLoop, ctrl: socket.socket) -> None:
+    def attach(self, loop: asyncio.AbstractEventLoop, ctrl: _socket.socket) -> None:
         self.loop, self.ctrl = loop, ctrl
         self.opener = Opener(loop, self.run.rules, self.run.account, self.resolver)
         loop.set_exception_handler(self._loop_error)

@@ -27,14 +27,19 @@ under it (a closed descriptor's number is soon another file's).  A proxy that
 fails to start closes its end, so the bridge relays nothing (each client sees
 its connection reset), and :attr:`Session.error` says why: the run ends in
 status ``error``.
+
+Started by corral's CLI (:func:`corral.egress.fork_proxies`), in a process
+with no other thread, the proxy runs in a forked child instead of the thread,
+so that its import runs on the other core (:mod:`.forked`); everything above
+holds for it alike.
 """
 
 from __future__ import annotations
 
+import _socket  # not socket (~2.5 ms, its enums): the launcher only makes the pair
 import contextlib
 import os
 import resource
-import socket
 import threading
 from dataclasses import dataclass, replace
 from types import TracebackType
@@ -43,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from ..bwrap import Sandbox
 from ..errors import LaunchError
 from ..policy import Network
+from . import forked
 from .account import BYTE_BUDGET, Account
 from .log import DecisionLog
 from .off import NoEgress
@@ -130,8 +136,8 @@ class Session:
         self.resolver = resolver
         self.max_connections = _fd_budget(max_connections)
         self.log: DecisionLog | None = None
-        self.ours: socket.socket | None = None
-        self.theirs: socket.socket | None = None
+        self.ours: _socket.socket | None = None
+        self.theirs: _socket.socket | None = None
         self.thread: threading.Thread | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.stop: asyncio.Future[None] | None = None
@@ -140,22 +146,38 @@ class Session:
         self.ready = threading.Event()  # set once the proxy is receiving, or has failed
         self.lock = threading.Lock()  # orders the thread's attach against close()
         self.closing = False
+        self.child: forked.Child | None = None  # the proxy's process, when forked
+        self.stop_fd: int | None = None  # in that process: the parent's stop pipe
+        self.remote_denials: tuple[dict[str, Any], ...] = ()
 
     def start(self) -> Session:
         """Start the proxy thread and return at once (see the module docstring).
 
-        Raises LaunchError when the pair or the log cannot be made."""
+        Raises LaunchError when the pair, the log or the proxy's process cannot be made."""
         try:
             self.log = DecisionLog(self.log_path)
-            self.ours, self.theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self.ours, self.theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+            if _forking():
+                self.child = forked.fork_child(self)
         except OSError as e:
             self.close()
             raise LaunchError("cannot start the egress proxy", e.strerror or str(e),
-                              "check the run directory and the open-file limit") from None
+                              "check the run directory, the open-file and process limits"
+                              ) from None
+        if self.child is not None:  # the pair's end and the log are the child's alone
+            self.ours.close()
+            self.log.close()
+            return self
         self.thread = threading.Thread(target=self._run, args=(self.ours, self.log),
                                        name="corral-egress", daemon=True)
         self.thread.start()  # from here on, ours and the log are the thread's to close
         return self
+
+    def quiesce(self) -> None:
+        """Before this process forks (a launcher's Python ``preexec_fn``): wait until the
+        proxy's thread holds no import or logging lock.  A forked proxy has no thread."""
+        if self.child is None:
+            self.wait()
 
     def wait(self) -> Proxy:
         """Block until the proxy is receiving (for callers that inspect it); LaunchError
@@ -170,10 +192,11 @@ class Session:
         """Why the proxy failed, for the run's record; None while it has not."""
         if self.failure is None:
             return None
-        return (f"the egress proxy failed ({type(self.failure).__name__}: {self.failure}); "
-                "no connection was relayed after that")
+        what = self.failure.what if isinstance(self.failure, forked.ProxyFailed) \
+            else f"{type(self.failure).__name__}: {self.failure}"
+        return f"the egress proxy failed ({what}); no connection was relayed after that"
 
-    def _run(self, ours: socket.socket, log: DecisionLog) -> None:
+    def _run(self, ours: _socket.socket, log: DecisionLog) -> None:
         try:
             self._serve(ours, log)
         except BaseException as e:  # kept for close() and the record: never a silent death
@@ -183,7 +206,7 @@ class Session:
             log.close()
             self.ready.set()
 
-    def _serve(self, ours: socket.socket, log: DecisionLog) -> None:
+    def _serve(self, ours: _socket.socket, log: DecisionLog) -> None:
         import asyncio
 
         from .proxy import Proxy, Run, system_resolver
@@ -198,6 +221,8 @@ class Session:
                 proxy.attach(loop, ours)
                 self.proxy, self.stop, self.loop = proxy, loop.create_future(), loop
             self.ready.set()
+            if self.stop_fd is not None:  # forked: the parent's stop pipe ends the proxy
+                loop.add_reader(self.stop_fd, _stop_read, loop, self.stop_fd, self.stop)
             loop.run_until_complete(self.stop)
             try:
                 loop.run_until_complete(proxy.shutdown())
@@ -223,12 +248,18 @@ class Session:
         return attach(sb, self.bridge)
 
     def denials(self) -> tuple[dict[str, Any], ...]:
-        """The first denials of the run (after :meth:`close`, all of them are final)."""
+        """The first denials of the run (after :meth:`close`, all of them are final;
+        a forked proxy's only then)."""
+        if self.remote_denials:
+            return self.remote_denials
         return () if self.log is None else self.log.denials()
 
     def close(self) -> None:
         """Stop the proxy, close every connection, join the thread, close every descriptor
         (those the thread owns: only once it has ended)."""
+        if self.child is not None:
+            child, self.child = self.child, None
+            self._ended(child.finish(STOP_TIMEOUT_S))
         with self.lock:
             self.closing = True
             loop, stop = self.loop, self.stop
@@ -244,6 +275,14 @@ class Session:
         if self.theirs is not None:
             self.theirs.close()  # the launcher's end; the thread never touches it
 
+    def _ended(self, result: dict[str, Any]) -> None:
+        """The forked proxy's last words: its failure and the run's first denials."""
+        failure, denials = result.get("failure"), result.get("denials")
+        if failure is not None:
+            self.failure = forked.ProxyFailed(str(failure))
+        if isinstance(denials, list):
+            self.remote_denials = tuple(d for d in denials if isinstance(d, dict))
+
     def __enter__(self) -> Session:
         return self
 
@@ -255,6 +294,20 @@ class Session:
 def _finish(stop: asyncio.Future[None]) -> None:
     if not stop.done():
         stop.set_result(None)
+
+
+def _stop_read(loop: asyncio.AbstractEventLoop, fd: int, stop: asyncio.Future[None]) -> None:
+    """The stop pipe is readable only once the parent's end is closed: stop, once."""
+    loop.remove_reader(fd)
+    _finish(stop)
+
+
+def _forking() -> bool:
+    """Whether to fork the proxy: asked by the CLI, and no other thread exists to have
+    its locks copied held into the child."""
+    from . import FORK_PROXIES
+
+    return FORK_PROXIES and threading.active_count() == 1
 
 
 def _fd_budget(wanted: int) -> int:
