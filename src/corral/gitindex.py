@@ -10,8 +10,6 @@ formats 2, 3 and 4, SHA-1 or SHA-256.  Pure: bytes in, bytes out.
 
 from __future__ import annotations
 
-import hashlib
-
 __all__ = ["unhide"]
 
 CE_VALID = 0x8000  # assume-unchanged, in the entry's flags
@@ -30,6 +28,8 @@ def unhide(data: bytes, skip_worktree: bool = True) -> tuple[bytes, list[bytes]]
     version, count = int.from_bytes(data[4:8], "big"), int.from_bytes(data[8:12], "big")
     if version not in (2, 3, 4):
         return None
+    import hashlib  # OpenSSL's ~2.5 ms: only for a repository's index, never corral run's
+
     for size in (20, 32):  # the hash of the trailer tells SHA-1 from SHA-256
         digest = hashlib.sha1 if size == 20 else hashlib.sha256
         if len(data) > 12 + size and digest(data[:-size]).digest() == data[-size:]:
