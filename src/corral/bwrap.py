@@ -21,9 +21,10 @@ so :func:`build_ops` emits them in this documented order:
 
 :func:`run_mounts` orders the run-mode filesystem as: ``/usr`` and its
 usr-merge symlinks; ``/proc``, ``/dev`` (its ``/dev/pts`` bounded or empty),
-sized ``/tmp`` and ``/dev/shm``;
-read-only ``/etc`` files, interpreter prefixes and user paths; the workspace,
-writable and bound by descriptor; generated files such as ``/etc/passwd``.
+sized ``/tmp`` and ``/dev/shm``, a tmpfs ``/etc``;
+``/etc`` files (small ones copied, the rest bound read-only), interpreter prefixes
+and user paths; the workspace, writable and bound by descriptor; generated files
+such as ``/etc/passwd``; ``/etc`` remounted read-only.
 Nothing is ever placed under the workspace (DESIGN fact 7).
 """
 
@@ -40,6 +41,7 @@ __all__ = [
     "INIT_PATH",
     "Data",
     "FdTable",
+    "HostFile",
     "Mount",
     "Op",
     "PathHandle",
@@ -77,8 +79,19 @@ class PathHandle(NamedTuple):
     no_links: bool = False
 
 
+class HostFile(NamedTuple):
+    """A small root-owned host file (``/etc/services``) that bwrap copies in with ``--file``.
+
+    The launcher opens it for reading (corral.fsops.open_host_file checks it again); a
+    copy into the read-only /etc tmpfs costs bwrap no mount, where a bind costs it a mount,
+    a re-read of /proc/self/mountinfo and a remount.
+    """
+
+    path: str
+
+
 class FdTable(Protocol):
-    def fd(self, item: Data | PathHandle) -> int: ...
+    def fd(self, item: Data | PathHandle | HostFile) -> int: ...
 
 
 # One tiny type per bwrap operation; each yields its own words.  Named tuples rather than
@@ -166,6 +179,19 @@ class RoData(NamedTuple):
                 self.dest]
 
 
+class CopyFile(NamedTuple):
+    """A file written by bwrap into a tmpfs of the sandbox (``--file``): no mount of its own.
+
+    Only ever under a tmpfs that is remounted read-only afterwards (see run_mounts)."""
+
+    source: Data | HostFile
+    dest: str
+    perms: int = 0o444
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--perms", f"{self.perms:04o}", "--file", str(fds.fd(self.source)), self.dest]
+
+
 class RemountRo(NamedTuple):
     """Make a mount read-only once everything beneath it is in place (not recursive)."""
 
@@ -194,8 +220,8 @@ class FdFlag(NamedTuple):
         return [self.flag, str(fd)]
 
 
-Op = (Flag | RoBind | BindFd | DevBind | Symlink | Dir | Tmpfs | Kernel | RoData | RemountRo
-      | SetEnv | FdFlag)
+Op = (Flag | RoBind | BindFd | DevBind | Symlink | Dir | Tmpfs | Kernel | RoData | CopyFile
+      | RemountRo | SetEnv | FdFlag)
 
 
 class Mount(NamedTuple):
@@ -206,6 +232,10 @@ class Mount(NamedTuple):
     writable: bool = False
     by_fd: bool = False  # open the source first; required for anything untrusted can change
     optional: bool = False  # skip silently when the source does not exist
+    # Copy the file (root-owned, world-readable, small: checked by the resolver and again by
+    # the launcher) with these permission bits instead of binding it; honoured only under
+    # run_mounts' read-only /etc.
+    copy_perms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,21 +347,41 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     ``files`` are generated read-only files such as ``/etc/passwd``; ``modes``: see
     :func:`parents`; ``masks`` are (path, "file" or "dir") inside read-only mounts to
     show empty (credentials in a ``--ro`` folder).
+
+    ``/etc`` is a tmpfs, remounted read-only last: the generated files and the host's
+    small files (``Mount.copy_perms``) are copied into it, with no mount each (each bind
+    made bwrap re-read /proc/self/mountinfo); directories are bound as before.  A
+    generated file that a caller's mount covers is bound over it as before, so that it
+    still wins.
     """
-    made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
+    made: set[str] = {"/usr", "/proc", "/dev", "/tmp", "/etc"}
     ops: list[Op] = [RoBind("/usr", "/usr")]
     ops.extend(Symlink(target, link) for target, link in usr_links)
     # Scratch before the read-only extras, so that an extra under /tmp is not covered.
-    ops += [*kernel_filesystems(shm_bytes, ptys), Tmpfs("/tmp", tmp_bytes, 0o1777)]
+    ops += [*kernel_filesystems(shm_bytes, ptys), Tmpfs("/tmp", tmp_bytes, 0o1777),
+            Tmpfs("/etc", None, (modes or {}).get("/etc", 0o755))]
     for m in base:
-        ops.extend(mount(m, made, modes))
+        if m.copy_perms is not None and m.dest.startswith("/etc/") and not m.writable:
+            ops.extend(parents(m.dest, made, modes))
+            ops.append(CopyFile(HostFile(m.source), m.dest, m.copy_perms))
+        else:
+            ops.extend(mount(m, made, modes))
     ops.extend(op for path, kind in masks for op in mask(path, kind))
     for m in writable:
         ops.extend(mount(m, made, modes))
+    covering = [m.dest for m in (*base, *writable) if m.copy_perms is None]
     for dest, content in files:
         ops.extend(parents(dest, made))
-        ops.append(RoData(Data(dest, content), dest))
+        if dest.startswith("/etc/") and not _covered(dest, covering):
+            ops.append(CopyFile(Data(dest, content), dest))
+        else:
+            ops.append(RoData(Data(dest, content), dest))
+    ops.append(RemountRo("/etc"))  # after every mount beneath it; not recursive
     return ops
+
+
+def _covered(path: str, mounts: Sequence[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in mounts)
 
 
 def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+import stat
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
-from . import cinit, discover, interp, seccomp
+from . import cinit, discover, fsops, interp, seccomp
 from .bwrap import Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
@@ -105,7 +106,20 @@ def _find_system_mounts() -> Iterator[Mount]:
             yield Mount(path, path)
     for path in ETC:
         if os.path.lexists(path):
-            yield Mount(path, path, optional=True)
+            yield Mount(path, path, optional=True, copy_perms=_copyable(path))
+
+
+def _copyable(path: str) -> int | None:
+    """The permission bits a copy of ``path`` gets, when it may be copied instead of bound:
+    a regular file (after links, as a bind follows them), root's, world-readable, small.
+    Anything else is bound, so that no copy shows more than the file does."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ok = (stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_mode & 0o004
+          and st.st_size <= fsops.HOST_FILE_CAP)
+    return stat.S_IMODE(st.st_mode) & 0o555 if ok else None
 
 
 def sandbox_identity(policy: Policy, host: HostFacts, owner: int | None) -> tuple[int, int]:
