@@ -298,7 +298,7 @@ class Launch:
             return popen(None, (), ())
         mount_args, mount_fds = mounts.joiner_args() if mounts is not None else ([], [])
         files = self.cgroup.join_files() if self.cgroup is not None else []
-        prefix = cinit.join_prefix(files, mount_args)
+        prefix = cinit.join_prefix(self.sb.init_binary, files, mount_args)
         if prefix is not None:
             return popen(None, prefix, mount_fds)
         steps = [self.cgroup.child_step()] if self.cgroup is not None else []

@@ -221,9 +221,10 @@ def init_source() -> bytes:
         return f.read()
 
 
-def compiled_init() -> str | None:
-    """The compiled init's path when this run gets it (corral.cinit.choice)."""
-    return cinit.BINARY if cinit.choice() == "c" else None
+def compiled_init(init: str | None = None) -> str | None:
+    """The compiled init's path when this run gets it: ``init``, the run's
+    corral.cinit.choice() when the caller made it already, else that choice made now."""
+    return cinit.BINARY if (init or cinit.choice()) == "c" else None
 
 
 def kernel_layers(policy: Policy, host: HostFacts, uid: int, gid: int,
@@ -274,8 +275,11 @@ def pty_bound(policy: Policy, host: HostFacts) -> int:
 
 
 def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace: str,
-                uid: int, gid: int, extra_env: Sequence[tuple[str, str]] = ()) -> Sandbox:
-    """The sandbox for ``corral run``: ``workspace`` at /work, everything else read-only."""
+                uid: int, gid: int, extra_env: Sequence[tuple[str, str]] = (),
+                init: str | None = None) -> Sandbox:
+    """The sandbox for ``corral run``: ``workspace`` at /work, everything else read-only.
+
+    ``init``: the run's corral.cinit.choice(), when the caller made it already."""
     disable_userns = check_host(policy, host)
     base = list(_system_mounts())
     usr_links = _usr_links()
@@ -319,7 +323,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         argv=command.argv,
         init_python=host.python,
         init_source=init_source(),
-        init_binary=compiled_init(),
+        init_binary=compiled_init(init),
         init_config=config,
         root_mode=host.is_root,
         uid=uid,
