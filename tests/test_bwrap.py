@@ -4,7 +4,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from corral.bwrap import Mount, Sandbox, build_ops, command, init_config, render, run_mounts
+import pytest
+
+from corral.bwrap import (
+    ROOT_SEAL,
+    Mount,
+    RemountRo,
+    Sandbox,
+    build_ops,
+    command,
+    init_config,
+    render,
+    run_mounts,
+)
 from corral.launch import Numbering
 
 BASE = Sandbox(
@@ -26,6 +38,7 @@ BASE = Sandbox(
         tmp_bytes=1000,
         shm_bytes=500,
     )),
+    seal=(ROOT_SEAL,),
     env=(("PATH", "/usr/bin"), ("HOME", "/work")),
 )
 
@@ -45,9 +58,8 @@ def test_user_mode_argv_is_exact() -> None:
         # bwrap's devpts has no max=: covered by an empty, read-only directory (no ptys)
         "--size", "4096", "--perms", "0755", "--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts",
         "--size", "1000", "--perms", "1777", "--tmpfs", "/tmp",
-        # /etc: a tmpfs; small files copied in (no mount each), directories bound; then
-        # remounted read-only after every mount beneath it
-        "--perms", "0755", "--tmpfs", "/etc",
+        # /etc: small files copied onto the root tmpfs (no mount each), directories bound
+        "--perms", "0755", "--dir", "/etc",
         "--perms", "0444", "--file", "12", "/etc/ld.so.cache",
         "--perms", "0755", "--dir", "/etc/ssl",
         "--ro-bind-try", "/etc/ssl/certs", "/etc/ssl/certs",
@@ -56,9 +68,9 @@ def test_user_mode_argv_is_exact() -> None:
         "--ro-bind", "/opt/py/3.12", "/opt/py/3.12",
         "--bind-fd", "13", "/work",
         "--perms", "0444", "--file", "14", "/etc/passwd",
-        "--remount-ro", "/etc",
         "--perms", "0755", "--dir", "/run/corral",
         "--perms", "0444", "--ro-bind-data", "15", "/run/corral/init.py",
+        "--remount-ro", "/",  # the seal: the root tmpfs, copies and all, read-only last
         "--clearenv",  # the payload's variables go to the init's config: init_config()
         "--chdir", "/",
         "--json-status-fd", "7",
@@ -125,12 +137,19 @@ def test_a_generated_etc_file_under_a_callers_mount_is_still_bound_over_it() -> 
         last = {w[-1]: w[-3] for w in (op.args(Numbering()) for op in ops) if len(w) > 2}
         assert last["/etc/passwd"] == "--ro-bind-data"
         assert last["/opt/f"] == "--ro-bind-data"  # no tmpfs there: always a bind
-        assert render(ops, Numbering())[-2:] == ["--remount-ro", "/etc"]
     words = render(run_mounts((), (), (), [("/etc/passwd", b"x")], 1, 1), Numbering())
     assert words[words.index("/etc/passwd") - 2] == "--file"
 
 
-def test_copies_only_under_the_read_only_etc() -> None:
+def test_copies_need_the_root_sealed_last() -> None:
+    """A copy lies on the root tmpfs, writable until ROOT_SEAL: without it, no argv."""
+    for seal in ((), (ROOT_SEAL, RemountRo("/x"))):
+        with pytest.raises(ValueError):
+            build_ops(replace(BASE, seal=seal))
+    assert "--remount-ro" in render(build_ops(BASE), Numbering())
+
+
+def test_copies_only_under_etc() -> None:
     """copy_perms elsewhere (or on a writable mount) is ignored: a bind, as before."""
     ops = run_mounts((), [Mount("/opt/f", "/opt/f", copy_perms=0o444)], (), (), 1, 1)
     assert "--file" not in render(ops, Numbering())

@@ -35,17 +35,17 @@ def test_copied_files_show_the_hosts_bytes_and_no_wider_modes(who: Identity) -> 
         assert mode & 0o222 == 0
 
 
-def test_etc_is_read_only_at_the_mount(who: Identity, bwrap: str) -> None:
+def test_root_and_etc_are_read_only_at_the_mount(who: Identity, bwrap: str) -> None:
     """EROFS: the mount refuses the write before Landlock or the files' modes are asked
-    (started by a plain user, /etc used to be that user's directory on bwrap's writable
-    root tmpfs, where only Landlock refused)."""
-    script = ("for t in /etc/corral-x /etc/passwd /etc/services /etc/ssl/corral-x; do "
-              "(echo pwn > $t) 2>&1; done; echo done")
+    (started by a plain user, / and /etc used to be that user's own directories on bwrap's
+    writable root tmpfs, where only Landlock refused)."""
+    script = ("for t in /etc/corral-x /etc/passwd /etc/services /etc/ssl/corral-x /corral-x "
+              "/run/corral/x; do (echo pwn > $t) 2>&1; done; echo done")
     r = who.corral_json("--", "/bin/sh", "-c", script)
     assert r["exit_code"] == 0 and r["stdout"].endswith("done\n"), r
-    assert r["stdout"].count("Read-only file system") == 4, r["stdout"]
-    # Negative control: the same tmpfs without the remount takes the write.
-    ctl = raw_bwrap(bwrap, ["--tmpfs", "/etc"],
+    assert r["stdout"].count("Read-only file system") == 6, r["stdout"]
+    # Negative control: the same root without the seal takes the write.
+    ctl = raw_bwrap(bwrap, ["--dir", "/etc"],
                     ["/bin/sh", "-c", "echo pwn > /etc/corral-x && cat /etc/corral-x"])
     assert ctl.returncode == 0 and ctl.stdout == "pwn\n", ctl.stderr
 

@@ -21,10 +21,11 @@ so :func:`build_ops` emits them in this documented order:
 
 :func:`run_mounts` orders the run-mode filesystem as: ``/usr`` and its
 usr-merge symlinks; ``/proc``, ``/dev`` (its ``/dev/pts`` bounded or empty),
-sized ``/tmp`` and ``/dev/shm``, a tmpfs ``/etc``;
+sized ``/tmp`` and ``/dev/shm``;
 ``/etc`` files (small ones copied, the rest bound read-only), interpreter prefixes
 and user paths; the workspace, writable and bound by descriptor; generated files
-such as ``/etc/passwd``; ``/etc`` remounted read-only.
+such as ``/etc/passwd``.  Its seal is :data:`ROOT_SEAL`: bwrap's root tmpfs, with the
+copies on it, read-only once everything is in place.
 Nothing is ever placed under the workspace (DESIGN fact 7).
 """
 
@@ -39,6 +40,7 @@ from typing import Any, NamedTuple, Protocol
 __all__ = [
     "CINIT_PATH",
     "INIT_PATH",
+    "ROOT_SEAL",
     "Data",
     "FdTable",
     "HostFile",
@@ -180,9 +182,9 @@ class RoData(NamedTuple):
 
 
 class CopyFile(NamedTuple):
-    """A file written by bwrap into a tmpfs of the sandbox (``--file``): no mount of its own.
+    """A file written by bwrap onto its root tmpfs (``--file``): no mount of its own.
 
-    Only ever under a tmpfs that is remounted read-only afterwards (see run_mounts)."""
+    Only in a sandbox whose seal ends with ROOT_SEAL (build_ops refuses it otherwise)."""
 
     source: Data | HostFile
     dest: str
@@ -234,7 +236,7 @@ class Mount(NamedTuple):
     optional: bool = False  # skip silently when the source does not exist
     # Copy the file (root-owned, world-readable, small: checked by the resolver and again by
     # the launcher) with these permission bits instead of binding it; honoured only under
-    # run_mounts' read-only /etc.
+    # run_mounts' /etc.
     copy_perms: int | None = None
 
 
@@ -317,6 +319,10 @@ def mask(path: str, kind: str) -> list[Op]:
 # the descriptions of the keys in the keyrings the launcher can see (seccomp keeps their
 # contents out of reach, not this listing).
 PROC_EMPTIED = ("/proc/keys", "/proc/key-users")
+# bwrap's root tmpfs read-only, after every mount and file (not recursive: each mount keeps
+# its own flags).  Started by a plain user, that tmpfs and the directories bwrap makes on
+# it are the user's own; without this only Landlock refused a write to / or /etc.
+ROOT_SEAL = RemountRo("/")
 PTS_TMPFS_BYTES = 4096
 
 
@@ -348,18 +354,17 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     :func:`parents`; ``masks`` are (path, "file" or "dir") inside read-only mounts to
     show empty (credentials in a ``--ro`` folder).
 
-    ``/etc`` is a tmpfs, remounted read-only last: the generated files and the host's
-    small files (``Mount.copy_perms``) are copied into it, with no mount each (each bind
-    made bwrap re-read /proc/self/mountinfo); directories are bound as before.  A
-    generated file that a caller's mount covers is bound over it as before, so that it
-    still wins.
+    The generated ``/etc`` files and the host's small ones (``Mount.copy_perms``) are
+    copied onto bwrap's root tmpfs, with no mount each (each bind made bwrap re-read
+    /proc/self/mountinfo); directories are bound as before.  The sandbox's seal must be
+    ROOT_SEAL (build_ops checks).  A generated file that a caller's mount covers is bound
+    over it as before, so that it still wins.
     """
-    made: set[str] = {"/usr", "/proc", "/dev", "/tmp", "/etc"}
+    made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
     ops: list[Op] = [RoBind("/usr", "/usr")]
     ops.extend(Symlink(target, link) for target, link in usr_links)
     # Scratch before the read-only extras, so that an extra under /tmp is not covered.
-    ops += [*kernel_filesystems(shm_bytes, ptys), Tmpfs("/tmp", tmp_bytes, 0o1777),
-            Tmpfs("/etc", None, (modes or {}).get("/etc", 0o755))]
+    ops += [*kernel_filesystems(shm_bytes, ptys), Tmpfs("/tmp", tmp_bytes, 0o1777)]
     for m in base:
         if m.copy_perms is not None and m.dest.startswith("/etc/") and not m.writable:
             ops.extend(parents(m.dest, made, modes))
@@ -376,7 +381,6 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
             ops.append(CopyFile(Data(dest, content), dest))
         else:
             ops.append(RoData(Data(dest, content), dest))
-    ops.append(RemountRo("/etc"))  # after every mount beneath it; not recursive
     return ops
 
 
@@ -399,6 +403,8 @@ def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
     for dest, content in sb.files:
         ops.append(RoData(Data(dest, content), dest))
     ops.extend(sb.seal)
+    if sb.seal[-1:] != (ROOT_SEAL,) and any(isinstance(op, CopyFile) for op in sb.mounts):
+        raise ValueError("corral.bwrap: files copied onto the root need ROOT_SEAL last")
     ops.append(Flag(("--clearenv",)))  # before any --setenv (fact 11)
     ops.extend(SetEnv(name, value) for name, value in init_environment(sb))
     ops.append(Flag(("--chdir", "/")))  # the init changes to sb.chdir once it is the payload's uid

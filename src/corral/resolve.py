@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple
 
 from . import cinit, discover, fsops, interp, seccomp
-from .bwrap import Mount, Sandbox, run_mounts
+from .bwrap import ROOT_SEAL, Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
 from .inner import FS_TRUNCATE, FS_WRITE_FILE
@@ -334,6 +334,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
             _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes,
             modes, masks, ptys)),
         env=_environment(policy, path, extra_env),
+        seal=(ROOT_SEAL,),
         chdir=WORKDIR,
         seccomp=program,
         ptys=ptys,
