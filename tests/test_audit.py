@@ -273,3 +273,45 @@ def test_in_progress_state_is_judged_by_its_commands(who: Identity) -> None:
     assert r["did"] == [["longer/.git/rebase-merge", "quarantined"],
                         ["strategy/.git/rebase-merge", "quarantined"]], r
     # Control: "kept", rewritten during the run with the launch's own command, stays.
+
+
+def test_what_redirects_host_git_is_judged_by_when_it_changed(who: Identity) -> None:
+    """Alternates, legacy remotes, replace refs: what changed during the run goes (a link
+    on the way to alternates too, git follows it); a packed-refs loses only its replace
+    refs and their peeled lines.  Control: the user's own legacy remote, there at launch,
+    stays, and so do the run's branch and tag."""
+    a, b = "1" * 40, "2" * 40
+    r = as_identity(who, f"""
+        top = {str(who.tmp)!r}
+        q = os.path.join(top, "quarantine"); os.mkdir(q)
+        git(top, "init", "-q", "p")
+        g = os.path.join(top, "p/.git")
+        os.makedirs(g + "/remotes")
+        with open(g + "/remotes/upstream", "w") as f:
+            f.write("URL: /srv/theirs.git\\n")
+        census = audit.Census(((top, None),), audit.protected_names(), gitdirs=frozenset({{g}}))
+        later()
+        with open(g + "/branches/origin", "w") as f:
+            f.write("/tmp/evil.git\\n")
+        os.makedirs(g + "/refs/replace/x")
+        with open(g + "/refs/replace/x/{a}", "w") as f:
+            f.write("{b}\\n")
+        os.rename(g + "/objects/info", g + "/objects/real-info")
+        os.symlink("real-info", g + "/objects/info")
+        with open(g + "/objects/real-info/alternates", "w") as f:
+            f.write("/elsewhere/objects\\n")
+        with open(g + "/packed-refs", "w") as f:
+            f.write("# pack-refs with: peeled fully-peeled sorted \\n{a} refs/heads/main\\n"
+                    "{b} refs/replace/{a}\\n^{a}\\n{a} refs/tags/v1\\n^{b}\\n")
+        actions = audit.Auditor(census, lambda: q).run()
+        print(json.dumps({{"did": sorted((os.path.relpath(a.path, g), a.did)
+                                         for a in actions),
+                          "packed": open(g + "/packed-refs").read(),
+                          "upstream": os.path.exists(g + "/remotes/upstream")}}))
+    """)
+    assert r["did"] == [["branches/origin", "quarantined"], ["objects/info", "quarantined"],
+                        ["packed-refs", "quarantined"], ["packed-refs", "restored"],
+                        [f"refs/replace/x/{a}", "quarantined"]], r
+    assert r["packed"] == (f"# pack-refs with: peeled fully-peeled sorted \n{a} refs/heads/"
+                           f"main\n{a} refs/tags/v1\n^{b}\n"), r
+    assert r["upstream"], r

@@ -47,7 +47,7 @@ def test_user_mode_argv_is_exact() -> None:
     fds = Numbering(first=10)
     assert render(build_ops(BASE, status_fd=7), fds) == [
         "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
-        "--die-with-parent", "--new-session", "--hostname", "corral",
+        "--new-session", "--hostname", "corral",
         "--ro-bind", "/usr", "/usr",
         "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
         "--proc", "/proc",
@@ -79,13 +79,14 @@ def test_user_mode_argv_is_exact() -> None:
 
 def test_root_mode_keeps_only_what_the_init_needs_to_drop() -> None:
     words = render(build_ops(replace(BASE, root_mode=True, disable_userns=False)), Numbering())
-    assert words[:15] == [
+    assert words[:14] == [
         "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
         "--unshare-cgroup-try",
         "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
-        "--cap-add", "CAP_SETPCAP", "--die-with-parent", "--new-session",
+        "--cap-add", "CAP_SETPCAP", "--new-session",
     ]
     assert "--unshare-user" not in words and "--unshare-all" not in words
+    assert "--die-with-parent" not in words  # the init watches the launcher instead
 
 
 def test_no_disable_userns_when_host_cannot() -> None:

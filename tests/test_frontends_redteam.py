@@ -612,6 +612,72 @@ def test_cgroups_of_killed_launchers_are_swept(who: Identity) -> None:
                     p.rmdir()
 
 
+DYING_RUNNER = """
+import os, signal, subprocess, sys
+import corral, corral.launch
+mode, marker = sys.argv[1], sys.argv[2]
+real_popen, real_argv = subprocess.Popen, corral.launch.Launch.argv
+class Dying(real_popen):
+    def __init__(self, args, *rest, **kw):
+        super().__init__(args, *rest, **kw)
+        if "--args" in args:  # bwrap (or its joiner) is started: die while it sets up
+            os.kill(os.getpid(), signal.SIGKILL)
+subprocess.Popen = Dying
+if mode == "unread":  # control: bwrap keeps no reader of its --json-status-fd pipe
+    def argv(self, *a):
+        words, keep = real_argv(self, *a)
+        return words, [fd for fd in keep if fd != self.json_r]
+    corral.launch.Launch.argv = argv
+if mode == "unwatched":  # control: the init watches PID 1, which never goes, not us,
+    def argv(self, s, j, e, l):  # and its reports find a reader (bwrap holds one too)
+        words, keep = real_argv(self, s, j, e, os.pidfd_open(1))
+        return words, [*keep, self.status_r]
+    corral.launch.Launch.argv = argv
+corral.run(["/bin/sh", "-c", f"sleep 60; : {marker}"])
+"""
+
+
+@pytest.mark.parametrize("init", ["c", "python"])
+def test_a_launcher_killed_while_bwrap_sets_up_leaves_nothing(who: Identity, init: str
+                                                               ) -> None:
+    """A launcher SIGKILLed in the milliseconds bwrap takes to set up (150 kills at random
+    moments of `corral.run`) left 13 processes for ever: bwrap's sandbox child, blocked on
+    bwrap's eventfd (its parent died of EPIPE on --json-status-fd, or of --die-with-parent
+    armed just before it let the child go on), in no cgroup the sweep removes.  Now bwrap
+    keeps a reader of that pipe, corral drops --die-with-parent, and the init watches a
+    pidfd of the launcher: the sandbox ends.  Controls: each half removed leaves processes
+    (the blocked child; or the payload running on, unsupervised)."""
+    if init == "c":
+        from corral import cinit
+        need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    for mode in ("protected", "unread", "unwatched"):
+        left: list[int] = []
+        for _ in range(3):  # a control's kill may land late, after bwrap's setup: retry
+            marker = f"corral-dying-{os.urandom(4).hex()}"
+            runs = who.tmp / f"runs-{marker}"
+            proc = subprocess.Popen([*who.prefix(), "-c", DYING_RUNNER, mode, marker],
+                                    env=who.environ({"CORRAL_INIT": init,
+                                                     "CORRAL_RUNS_DIR": str(runs)}),
+                                    cwd=who.tmp, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.DEVNULL)
+            assert proc.wait(timeout=120) == -signal.SIGKILL
+            if mode == "protected":
+                assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
+            else:
+                time.sleep(3)  # nothing ends them: still there after a while
+                left = processes_with(marker)
+                for pid in left:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, signal.SIGKILL)
+                assert eventually(lambda m=marker: processes_with(m) == [], 60)
+            for run_id in os.listdir(runs) if runs.exists() else []:
+                for p in _cgroups_of(who, run_id):
+                    assert eventually(lambda p=p: _rmdir(p), 30)
+            if mode == "protected" or left:
+                break
+        assert mode == "protected" or left, f"the control {mode} left nothing"
+
+
 # --- the Ray engine's own cluster -----------------------------------------------------------
 
 RAY_RUNNER = """

@@ -19,6 +19,8 @@ exception in corral's own supervision), :func:`audit` walks the trees again:
   during the run goes to the quarantine (the copy from launch put back);
 * git's in-progress state (``rebase-merge``, ``rebase-apply``, ``sequencer``) that holds
   a command the launch did not (:mod:`corral.gitstate`) goes to the quarantine whole;
+* alternates, legacy remotes, replace refs and grafts made or changed during the run
+  (:mod:`corral.gitredirect`) go to the quarantine (a packed-refs keeps its other refs);
 * a set-user-ID or set-group-ID bit set during the run is cleared;
 * a ``.git`` that is neither a plain folder nor a plain file goes to the quarantine;
 * the placeholders corral made are removed.
@@ -41,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from . import discover, fsops, gitconfig, gitstate, repos
+from . import discover, fsops, gitconfig, gitredirect, gitstate, repos
 from .fswalk import join, move, walk
 from .guard import Finding
 
@@ -341,6 +343,9 @@ class Auditor:
             # something the launch did not hold (the user's own rebase -x stays theirs).
             if what - self.census.commands.get(tree.path(state), frozenset()):
                 self._quarantine(tree, state, gitstate.why(state, what))
+        for sub, why, back in gitredirect.planted(tree, rel, self.census.changed):
+            self._quarantine(tree, sub, f"made or changed during the run: {why}; move it "
+                             "back if it is yours", back=back)
         for nested in ("modules", "worktrees"):
             if tree.lstat(f"{rel}/{nested}") is None:
                 continue
@@ -379,7 +384,8 @@ class Auditor:
             return False
         return all(_inert_key(name, value) for name, value in entries)
 
-    def _quarantine(self, tree: fsops.Tree, rel: str, why: str, restore: bool = False) -> None:
+    def _quarantine(self, tree: fsops.Tree, rel: str, why: str, restore: bool = False,
+                    back: bytes | None = None) -> None:
         path = tree.path(rel)
         try:
             if self.qtree is None:
@@ -390,11 +396,12 @@ class Auditor:
             self.actions.append(Action(path, "failed", f"{why} ({e.strerror})"))
             return
         self.actions.append(Action(path, "quarantined", why, self.qtree.path(dest)))
-        saved = self.census.backups.get(path)
-        if restore and saved is not None:
+        saved = (back, 0o644) if back is not None else self.census.backups.get(path)
+        if (restore or back is not None) and saved is not None:
             try:
                 tree.write_new(rel, saved[0], saved[1])
-                self.actions.append(Action(path, "restored", "its content from the launch"))
+                self.actions.append(Action(path, "restored", "its content from the launch"
+                                           if back is None else "its other refs"))
             except OSError as e:
                 self.actions.append(Action(path, "failed", f"could not put back its content "
                                            f"from the launch ({e.strerror})"))

@@ -278,7 +278,9 @@ def _namespace_flags(sb: Sandbox) -> Iterator[Op]:
         if sb.disable_userns:
             yield Flag(("--disable-userns",))
         yield Flag(("--cap-drop", "ALL"))
-    yield Flag(("--die-with-parent", "--new-session", "--hostname", sb.hostname))
+    # No --die-with-parent: the init watches the launcher's process instead (inner.py's
+    # supervise says why).
+    yield Flag(("--new-session", "--hostname", sb.hostname))
 
 
 def parents(dest: str, made: set[str], modes: Mapping[str, int] | None = None

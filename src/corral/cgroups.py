@@ -12,8 +12,8 @@ thread without that lock (kernel/cgroup/cgroup.c, cgroup_procs_write_start).
 So bwrap's child, single-threaded between fork and exec, writes ``0`` into
 each ``tasks`` file of the run itself; bwrap and all it starts inherit the
 cgroups.  Two tempting alternatives are wrong: a launcher thread that moves
-itself and spawns bwrap kills bwrap when the thread ends (bwrap's
---die-with-parent is a parent-*thread* death signal), and a launcher thread
+itself and spawns bwrap gets bwrap's process tree moved with it (and a thread's
+exit ends a parent-death signal such as bwrap's --die-with-parent), and a launcher thread
 parked in the run's memory cgroup could be picked by its OOM killer.  cgroup
 v2 moves whole processes only; there the child writes ``0`` into
 ``cgroup.procs`` (clone3's CLONE_INTO_CGROUP would avoid the lock, but

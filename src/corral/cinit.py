@@ -35,7 +35,8 @@ SOURCE = os.path.join(os.path.dirname(__file__), "init.c")  # and its parts: SOU
 SOURCES = tuple(os.path.join(os.path.dirname(__file__), name) for name in (
     "init.c", "init.h", "init_config.c", "init_bridge.c", "init_join.c"))
 CHOICES = ("auto", "c", "python")
-PLAIN = ("status_fd", "stderr_fd", "tty", "uid", "gid", "pid")  # integers, or absent as None
+# integers, or absent as None
+PLAIN = ("status_fd", "stderr_fd", "tty", "uid", "gid", "pid", "launcher_fd")
 
 
 def available() -> bool:

@@ -19,7 +19,8 @@
  *     other descriptor and execs the payload with the environment of its config (bwrap
  *     gives the init none: corral.bwrap.init_environment);
  *  5. the parent reports "started" once the exec succeeded (the report pipe is
- *     close-on-exec: EOF means exec), waits (serving the bridge meanwhile), reports how
+ *     close-on-exec: EOF means exec), waits (serving the bridge meanwhile, and ending the
+ *     sandbox if the launcher goes: init_bridge.c's supervise), reports how
  *     the payload ended, and exits the same way.  A setup failure is an "error" event
  *     and exit status 125.
  *
@@ -39,12 +40,14 @@
 
 /* -- reporting: JSON lines on the status descriptor ------------------------------- */
 
+int launcher_gone; /* a report failed: init_bridge.c's supervise ends the sandbox */
+
 static void send_line(const char *line, size_t n) {
     if (cfg.status_fd < 0) return;
     while (n > 0) {
         ssize_t w = write(cfg.status_fd, line, n);
         if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { cfg.status_fd = -1; return; } /* the launcher is gone */
+        if (w <= 0) { cfg.status_fd = -1; launcher_gone = 1; return; } /* see supervise */
         line += w; n -= (size_t)w;
     }
 }
@@ -321,7 +324,7 @@ int main(int argc, char **argv) {
     }
     int pipe_fds[2];
     pid_t pid = -1;
-    cfg.status_fd = cfg.stderr_fd = cfg.tty = cfg.pid = cfg.bridge_fd = -1;
+    cfg.status_fd = cfg.stderr_fd = cfg.tty = cfg.pid = cfg.bridge_fd = cfg.launcher_fd = -1;
     /* As Python does for inner.py: a write to a launcher that is gone is EPIPE, never death
      * (the payload's child sets both back to the default before exec). */
     signal(SIGPIPE, SIG_IGN);
@@ -356,7 +359,7 @@ int main(int argc, char **argv) {
         return SETUP_FAILED;
     }
     send_int("started", "pid", pid);
-    int status = cfg.bridge_fd >= 0 ? serve_bridge(pid) : wait_for(pid);
+    int status = supervise(pid);
     if (status < 0) return SETUP_FAILED; /* no end reported: the launcher says "error" */
     if (WIFSIGNALED(status)) {
         send_int("signaled", "signal", WTERMSIG(status));

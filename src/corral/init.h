@@ -58,6 +58,7 @@ struct listen { int port; const char *host; };
 
 struct config {
     int status_fd, stderr_fd, tty, pid;
+    int launcher_fd; /* a pidfd of the launcher process: readable once it is gone */
     long uid, gid;
     const char *cwd;
     int landlock, min_abi, best_effort, scope;
@@ -77,7 +78,8 @@ extern char failure[4000];      /* why setup failed: one message, sent as the er
 int fail(const char *fmt, ...); /* sets failure; returns -1 */
 int read_config(int fd);
 int start_bridge(void);         /* init_bridge.c */
-int serve_bridge(pid_t pid);    /* returns the payload's wait status */
+extern int launcher_gone;      /* a status report failed (init.c) */
+int supervise(pid_t pid);      /* the payload's wait status; see init_bridge.c */
 int join_and_exec(char **argv); /* init_join.c: the host-side --join mode */
 int wait_for(pid_t pid);
 

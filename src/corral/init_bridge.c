@@ -50,25 +50,41 @@ static int forward(int listener) {
     return 1;
 }
 
-/* Forward connections until the payload ends; its wait status. */
-int serve_bridge(pid_t pid) {
-    struct pollfd fds[MAX_LISTEN + 1];
+/* Wait for the payload, forwarding the bridge's connections meanwhile; its wait status.
+ *
+ * The launcher is watched too, through a pidfd of its process (config launcher_fd),
+ * readable once it has exited, SIGKILLed or crashed; a status report that failed says the
+ * same.  corral does not use bwrap's --die-with-parent, which leaves bwrap's sandbox child
+ * blocked for ever when the launcher dies while bwrap sets up (bubblewrap.c: the parent
+ * arms it, then lets the child go on), and follows the launcher's thread, not its process.
+ * Then every process of the sandbox is killed: kill -1 from here reaches the whole PID
+ * namespace but PID 1, bwrap's, which exits with us. */
+int supervise(pid_t pid) {
+    struct pollfd fds[MAX_LISTEN + 2];
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (pidfd < 0) return wait_for(pid); /* no pidfd (Linux < 5.3): no forwarding */
-    for (int i = 0; i < cfg.n_listens; i++) fds[i] = (struct pollfd){listeners[i], POLLIN, 0};
-    fds[cfg.n_listens] = (struct pollfd){pidfd, POLLIN, 0};
+    if (pidfd < 0) return wait_for(pid); /* no pidfd (Linux < 5.3): neither watch */
+    int n = cfg.bridge_fd >= 0 ? cfg.n_listens : 0;
+    for (int i = 0; i < n; i++) fds[i] = (struct pollfd){listeners[i], POLLIN, 0};
+    fds[n] = (struct pollfd){pidfd, POLLIN, 0};
+    fds[n + 1] = (struct pollfd){cfg.launcher_fd, POLLIN, 0}; /* -1 (none) is skipped */
     for (;;) {
-        if (poll(fds, (nfds_t)cfg.n_listens + 1, -1) < 0) {
+        if (launcher_gone || fds[n + 1].revents) {
+            kill(-1, SIGKILL); /* the launcher is gone */
+            break;
+        }
+        if (poll(fds, (nfds_t)n + 2, -1) < 0) {
             if (errno == EINTR) continue;
             break;
         }
-        if (fds[cfg.n_listens].revents) break;
-        for (int i = 0; i < cfg.n_listens; i++)
+        if (fds[n].revents) break;
+        for (int i = 0; i < n; i++)
             if (fds[i].revents)
                 while (forward(fds[i].fd)) {}
     }
     close(pidfd);
-    for (int i = 0; i < cfg.n_listens; i++) close(listeners[i]);
-    close(cfg.bridge_fd);
+    if (cfg.bridge_fd >= 0) {
+        for (int i = 0; i < cfg.n_listens; i++) close(listeners[i]);
+        close(cfg.bridge_fd);
+    }
     return wait_for(pid);
 }

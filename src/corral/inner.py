@@ -18,7 +18,8 @@ corral's checkout or virtualenv.  In order, it:
     this whole process tree), moves the real stderr in place, closes every
     other descriptor and execs the payload;
  5. the parent reports "started" once the exec has succeeded, waits (serving
-    the bridge meanwhile), reports how the payload ended on the status
+    the bridge meanwhile, and ending the sandbox if the launcher goes:
+    :func:`supervise`), reports how the payload ended on the status
     descriptor, and exits the same way.
 
 Its config is marshalled by the launcher, which runs the same interpreter.
@@ -32,6 +33,7 @@ import ctypes
 import marshal
 import os
 import resource
+import select
 import signal
 import sys
 
@@ -325,6 +327,7 @@ class Reporter:
 
     def __init__(self, fd: int | None) -> None:
         self.fd = fd
+        self.gone = False  # a report failed: the launcher is gone
 
     def send(self, **event: str | int) -> None:
         if self.fd is None:
@@ -333,7 +336,7 @@ class Reporter:
         try:
             os.write(self.fd, ("{" + line + "}\n").encode())
         except OSError:
-            self.fd = None  # the launcher is gone; bwrap's --die-with-parent ends us
+            self.fd, self.gone = None, True  # the launcher is gone: supervise() ends us
 
 
 def _json_value(value: str | int) -> str:
@@ -342,6 +345,35 @@ def _json_value(value: str | int) -> str:
         return str(value)
     escaped = "".join(c if c >= " " and c not in '"\\' else f"\\u{ord(c):04x}" for c in value)
     return f'"{escaped}"'
+
+
+def supervise(pid: int, report: Reporter, launcher: int | None, bridge: Any) -> int:
+    """Wait for the payload (serving the bridge meanwhile); its wait status.
+
+    The launcher is watched too, through ``launcher``, a pidfd of its process readable once
+    it has exited, SIGKILLed or crashed; a status report that failed says the same.  corral
+    does not use bwrap's --die-with-parent, which leaves bwrap's sandbox child blocked for
+    ever when the launcher dies while bwrap sets up, and follows the launcher's thread, not
+    its process.  Then every process of the sandbox is killed: kill -1 from here reaches
+    the whole PID namespace but PID 1, bwrap's, which exits with us.  init_bridge.c does
+    the same for the compiled init."""
+    if report.gone:
+        os.kill(-1, signal.SIGKILL)
+        return os.waitpid(pid, 0)[1]
+    if bridge is not None:
+        return int(bridge.serve(pid, launcher))
+    if launcher is None:  # no launcher descriptor in the config: nobody to watch
+        return os.waitpid(pid, 0)[1]
+    pidfd = os.pidfd_open(pid)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    poller.register(launcher, select.POLLIN)
+    try:
+        if any(fd == launcher for fd, _ in poller.poll()):
+            os.kill(-1, signal.SIGKILL)
+    finally:
+        os.close(pidfd)
+    return os.waitpid(pid, 0)[1]
 
 
 def run(config_fd: int, argv: list[str]) -> int:
@@ -371,7 +403,7 @@ def run(config_fd: int, argv: list[str]) -> int:
         report.send(event="error", message=failure.decode(errors="replace"))
         return SETUP_FAILED
     report.send(event="started", pid=pid)
-    status = os.waitpid(pid, 0)[1] if bridge is None else bridge.serve(pid)
+    status = supervise(pid, report, cfg.get("launcher_fd"), bridge)
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))
         return 128 + os.WTERMSIG(status)

@@ -215,10 +215,11 @@ class Launch:
         self.fds += [r, w]
         return r, w
 
-    def argv(self, status_w: int, json_w: int, stderr_fd: int) -> tuple[list[str], list[int]]:
+    def argv(self, status_w: int, json_w: int, stderr_fd: int,
+             launcher_fd: int) -> tuple[list[str], list[int]]:
         """bwrap's argv and the descriptors it must inherit."""
         config = dict(bwrap.init_config(self.sb), status_fd=status_w, stderr_fd=stderr_fd,
-                      cwd=self.sb.chdir)
+                      cwd=self.sb.chdir, launcher_fd=launcher_fd)
         if self.terminal is not None:  # the descriptor the init makes its terminal
             config["tty"] = self.terminal.sandbox_fd(stderr_fd)
         encoded = marshal.dumps(config) if self.sb.init_binary is None else cinit.encode(config)
@@ -229,7 +230,13 @@ class Launch:
         args_fd = memfd("args", b"".join(os.fsencode(w) + b"\0" for w in words))
         self.fds.append(args_fd)
         argv = [self.bwrap_path, "--args", str(args_fd), "--", *bwrap.command(self.sb, config_fd)]
-        keep = [args_fd, status_w, json_w, stderr_fd, *self.handles.all(), *self.extra_fds]
+        # json_r too: bwrap writes --json-status-fd before it lets its sandbox child go on,
+        # and dies if that write fails; with the launcher already gone (SIGKILLed while bwrap
+        # set up) that was EPIPE, leaving the child blocked for ever on bwrap's eventfd.
+        # With a reader of its own, bwrap goes on, and the init, watching launcher_fd (a
+        # pidfd of this process), ends the sandbox (inner.py's supervise).
+        keep = [args_fd, status_w, json_w, self.json_r, launcher_fd, stderr_fd,
+                *self.handles.all(), *self.extra_fds]
         return argv, keep
 
     def start(self) -> None:
@@ -256,7 +263,9 @@ class Launch:
             if (pty_err := self.terminal.child_fd(2)) is not None:
                 self._close(stderr_fd)
                 stderr_fd = pty_err
-        argv, keep = self.argv(status_w, json_w, stderr_fd)
+        launcher_fd = os.pidfd_open(os.getpid())
+        self.fds.append(launcher_fd)
+        argv, keep = self.argv(status_w, json_w, stderr_fd, launcher_fd)
         def popen(preexec: Callable[[], None] | None, prefix: Sequence[str] = (),
                   more_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
             return subprocess.Popen(
@@ -272,7 +281,8 @@ class Launch:
                               "check the bwrap installation") from None
         finally:
             self.handles.close()
-            for fd in (status_w, json_w, err_w, *([out_w, cerr_w] if self.capture else [])):
+            for fd in (status_w, json_w, err_w, launcher_fd,
+                       *([out_w, cerr_w] if self.capture else [])):
                 self._close(fd)
             if not self.capture:
                 self._close(stderr_fd)
@@ -555,6 +565,9 @@ class Launch:
             self.kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(KILL_GRACE_S)
+        elif self.pid1_fd is not None:  # bwrap gone first (the OOM killer?): its sandbox too
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pid1_fd, signal.SIGKILL)
         self.handles.close()
         for fd in self.fds:
             with contextlib.suppress(OSError):

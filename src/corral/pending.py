@@ -1,8 +1,8 @@
 """Audits owed by agent runs whose launcher never unwound (SIGKILL, a power cut).
 
-The audit (:mod:`corral.audit`) needs corral to unwind; SIGKILL skips it, and bwrap's
-``--die-with-parent`` ends the sandbox but leaves what it planted.  So before an agent
-run starts, its census is written to ``RUNS/.pending/<run-id>.json`` (private to the
+The audit (:mod:`corral.audit`) needs corral to unwind; SIGKILL skips it, and the init,
+which watches the launcher's process, ends the sandbox but leaves what it planted.  So
+before an agent run starts, its census is written to ``RUNS/.pending/<run-id>.json`` (private to the
 launcher), and removed once its audit is done.  The next ``corral agent`` or ``corral
 shell`` with the same runs directory finds the census of every run whose launcher is
 gone (its pid and start time no longer match a live process) and audits it first, into

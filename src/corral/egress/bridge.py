@@ -38,6 +38,7 @@ from __future__ import annotations
 import _socket
 import os
 import select
+import signal
 import sys
 
 TYPE_CHECKING = False  # no typing import at run time: this file starts with every launch
@@ -98,17 +99,25 @@ class Bridge:
             os.close(fd)
         return True
 
-    def serve(self, pid: int) -> int:
-        """Forward connections until child ``pid`` ends; returns its wait status."""
+    def serve(self, pid: int, launcher: int | None = None) -> int:
+        """Forward connections until child ``pid`` ends; returns its wait status.
+
+        ``launcher`` is a pidfd of the launcher's process: readable once it is gone, and
+        then every process of the sandbox is killed (inner.py's ``supervise`` says why)."""
         pidfd = os.pidfd_open(pid)
         poller = select.poll()
         by_fd = {sock.fileno(): sock for sock in self.listeners}
         for fd in by_fd:
             poller.register(fd, select.POLLIN)
         poller.register(pidfd, select.POLLIN)
+        if launcher is not None:
+            poller.register(launcher, select.POLLIN)
         try:
             while True:
                 for fd, _ in poller.poll():
+                    if fd == launcher:
+                        os.kill(-1, signal.SIGKILL)
+                        return os.waitpid(pid, 0)[1]
                     if fd == pidfd:
                         return os.waitpid(pid, 0)[1]
                     while self.forward(by_fd[fd]):

@@ -162,6 +162,11 @@ WRITES = (
           "git rebase --continue on the host runs the todo's exec lines as the user "
           "(corral may let the write happen, but must take it away before git resumes it)",
           text="exec echo planted by corral probe\n"),
+    write("writes-git-legacy-remote", "plant a legacy remote in .git/remotes/origin",
+          "create", "{project}/.git/remotes/origin",
+          "with no remote in the config, a plain git push on the host sends the user's code "
+          "to the URL it holds (corral may let the write happen, but must take it away)",
+          text="URL: /nonexistent/planted-by-corral-probe.git\n"),
     write("writes-hooks-path", "append to a hook in the folder core.hooksPath names",
           "append", "{project}/tools/hooks/pre-commit",
           "git runs the hooks from core.hooksPath, wherever the config says they are"),
