@@ -6,7 +6,19 @@ from dataclasses import replace
 from types import SimpleNamespace
 from typing import cast
 
-from corral.bwrap import Mount, Sandbox, build_ops, command, init_config, render, run_mounts
+import pytest
+
+from corral.bwrap import (
+    ROOT_SEAL,
+    Mount,
+    RemountRo,
+    Sandbox,
+    build_ops,
+    command,
+    init_config,
+    render,
+    run_mounts,
+)
 from corral.host import HostFacts
 from corral.launch import Numbering
 from corral.resolve import init_shielded
@@ -23,13 +35,15 @@ BASE = Sandbox(
     init_shielded=True,
     mounts=tuple(run_mounts(
         usr_links=(("usr/bin", "/bin"), ("usr/lib", "/lib")),
-        base=(Mount("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True),
+        base=(Mount("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True, copy_perms=0o444),
+              Mount("/etc/ssl/certs", "/etc/ssl/certs", optional=True),
               Mount("/opt/py/3.12", "/opt/py/3.12")),
         writable=(Mount("/runs/1/work", "/work", writable=True, by_fd=True),),
         files=(("/etc/passwd", b"x"),),
         tmp_bytes=1000,
         shm_bytes=500,
     )),
+    seal=(ROOT_SEAL,),
     env=(("PATH", "/usr/bin"), ("HOME", "/work")),
 )
 
@@ -49,15 +63,19 @@ def test_user_mode_argv_is_exact() -> None:
         # bwrap's devpts has no max=: covered by an empty, read-only directory (no ptys)
         "--size", "4096", "--perms", "0755", "--tmpfs", "/dev/pts", "--remount-ro", "/dev/pts",
         "--size", "1000", "--perms", "1777", "--tmpfs", "/tmp",
+        # /etc: small files copied onto the root tmpfs (no mount each), directories bound
         "--perms", "0755", "--dir", "/etc",
-        "--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache",
+        "--perms", "0444", "--file", "12", "/etc/ld.so.cache",
+        "--perms", "0755", "--dir", "/etc/ssl",
+        "--ro-bind-try", "/etc/ssl/certs", "/etc/ssl/certs",
         "--perms", "0755", "--dir", "/opt",
         "--perms", "0755", "--dir", "/opt/py",
         "--ro-bind", "/opt/py/3.12", "/opt/py/3.12",
-        "--bind-fd", "12", "/work",
-        "--perms", "0444", "--ro-bind-data", "13", "/etc/passwd",
+        "--bind-fd", "13", "/work",
+        "--perms", "0444", "--file", "14", "/etc/passwd",
         "--perms", "0755", "--dir", "/run/corral",
-        "--perms", "0444", "--ro-bind-data", "14", "/run/corral/init.py",
+        "--perms", "0444", "--ro-bind-data", "15", "/run/corral/init.py",
+        "--remount-ro", "/",  # the seal: the root tmpfs, copies and all, read-only last
         "--clearenv",  # the payload's variables go to the init's config: init_config()
         "--chdir", "/",
         "--json-status-fd", "7",
@@ -127,3 +145,30 @@ def test_bounded_ptys_come_from_the_devpts_bwraps_child_mounted() -> None:
     assert words[i:i + 2] == ["--dev", "/dev"]
     assert words[words.index("--dev-bind"):][:3] == ["--dev-bind", "/dev/pts", "/dev/pts"]
     assert "/dev/pts" not in words[words.index("--tmpfs"):][:2]
+
+
+def test_a_generated_etc_file_under_a_callers_mount_is_still_bound_over_it() -> None:
+    """``--ro /etc`` (or ``--ro /etc/passwd``) hides the tmpfs: the generated file must
+    still cover the host's, so it stays a bind there; elsewhere it is a copy."""
+    for ro in ("/etc", "/etc/passwd"):
+        ops = run_mounts((), [Mount(ro, ro)], (), [("/etc/passwd", b"x"), ("/opt/f", b"y")],
+                         1, 1)
+        last = {w[-1]: w[-3] for w in (op.args(Numbering()) for op in ops) if len(w) > 2}
+        assert last["/etc/passwd"] == "--ro-bind-data"
+        assert last["/opt/f"] == "--ro-bind-data"  # no tmpfs there: always a bind
+    words = render(run_mounts((), (), (), [("/etc/passwd", b"x")], 1, 1), Numbering())
+    assert words[words.index("/etc/passwd") - 2] == "--file"
+
+
+def test_copies_need_the_root_sealed_last() -> None:
+    """A copy lies on the root tmpfs, writable until ROOT_SEAL: without it, no argv."""
+    for seal in ((), (ROOT_SEAL, RemountRo("/x"))):
+        with pytest.raises(ValueError):
+            build_ops(replace(BASE, seal=seal))
+    assert "--remount-ro" in render(build_ops(BASE), Numbering())
+
+
+def test_copies_only_under_etc() -> None:
+    """copy_perms elsewhere (or on a writable mount) is ignored: a bind, as before."""
+    ops = run_mounts((), [Mount("/opt/f", "/opt/f", copy_perms=0o444)], (), (), 1, 1)
+    assert "--file" not in render(ops, Numbering())

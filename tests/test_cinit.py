@@ -195,7 +195,7 @@ def test_the_joiner_starts_nothing_outside_the_cgroup(tmp_path: Path,
             if not present:
                 for d in cg.unique:
                     os.rmdir(d)
-            prefix = cinit.join_prefix(cg.join_files(), [])
+            prefix = cinit.join_prefix(cinit.BINARY, cg.join_files(), [])
             assert prefix is not None
             proc = subprocess.Popen([*prefix, *cmd], stderr=subprocess.PIPE)
             _, err = proc.communicate(timeout=60)

@@ -181,7 +181,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
-    cinit.choice()  # a bad CORRAL_INIT, or the compiled init asked for and not built
+    init = cinit.choice()  # a bad CORRAL_INIT, or the compiled init asked for and not built
     disk_why = enforce.image_unavailable(policy, facts, fresh=workspace_dir is None)
     later = workspace.check_inputs(inputs) if disk_why is None else []  # into the image
     run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir,
@@ -190,7 +190,8 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     image = None
     if disk_why is None:
         image, disk_why = _stage(run_dir, policy, later, (uid, gid))
-    sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env)
+    sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env,
+                             init=init)
     before = {} if run_dir.fresh else workspace.snapshot(run_dir.workspace)
     owner = (uid, gid) if facts.is_root else None
     names = audit.protected_names(policy.protect)
@@ -400,7 +401,7 @@ def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, 
         # A proxy thread, and bwrap started by forking this process (a Python preexec_fn):
         # wait for the thread first, since a fork mid-import would leave its locks held.
         # Without a proxy there is no thread, and the init's files need not be checked.
-        if net.pass_fds and cinit.joiner() is None:
+        if net.pass_fds and sb.init_binary is None:
             net.quiesce()
         limited = enforce.launch_limited(
             net.attach(sb), policy, facts, cg_plan, run_id, measured, image, disk_why,

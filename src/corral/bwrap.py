@@ -22,8 +22,10 @@ so :func:`build_ops` emits them in this documented order:
 :func:`run_mounts` orders the run-mode filesystem as: ``/usr`` and its
 usr-merge symlinks; ``/proc``, ``/dev`` (its ``/dev/pts`` bounded or empty),
 sized ``/tmp`` and ``/dev/shm``;
-read-only ``/etc`` files, interpreter prefixes and user paths; the workspace,
-writable and bound by descriptor; generated files such as ``/etc/passwd``.
+``/etc`` files (small ones copied, the rest bound read-only), interpreter prefixes
+and user paths; the workspace, writable and bound by descriptor; generated files
+such as ``/etc/passwd``.  Its seal is :data:`ROOT_SEAL`: bwrap's root tmpfs, with the
+copies on it, read-only once everything is in place.
 Nothing is ever placed under the workspace (DESIGN fact 7).
 """
 
@@ -38,8 +40,10 @@ from typing import Any, NamedTuple, Protocol
 __all__ = [
     "CINIT_PATH",
     "INIT_PATH",
+    "ROOT_SEAL",
     "Data",
     "FdTable",
+    "HostFile",
     "Mount",
     "Op",
     "PathHandle",
@@ -77,8 +81,19 @@ class PathHandle(NamedTuple):
     no_links: bool = False
 
 
+class HostFile(NamedTuple):
+    """A small root-owned host file (``/etc/services``) that bwrap copies in with ``--file``.
+
+    The launcher opens it for reading (corral.fsops.open_host_file checks it again); a
+    copy into the read-only /etc tmpfs costs bwrap no mount, where a bind costs it a mount,
+    a re-read of /proc/self/mountinfo and a remount.
+    """
+
+    path: str
+
+
 class FdTable(Protocol):
-    def fd(self, item: Data | PathHandle) -> int: ...
+    def fd(self, item: Data | PathHandle | HostFile) -> int: ...
 
 
 # One tiny type per bwrap operation; each yields its own words.  Named tuples rather than
@@ -166,6 +181,19 @@ class RoData(NamedTuple):
                 self.dest]
 
 
+class CopyFile(NamedTuple):
+    """A file written by bwrap onto its root tmpfs (``--file``): no mount of its own.
+
+    Only in a sandbox whose seal ends with ROOT_SEAL (build_ops refuses it otherwise)."""
+
+    source: Data | HostFile
+    dest: str
+    perms: int = 0o444
+
+    def args(self, fds: FdTable) -> list[str]:
+        return ["--perms", f"{self.perms:04o}", "--file", str(fds.fd(self.source)), self.dest]
+
+
 class RemountRo(NamedTuple):
     """Make a mount read-only once everything beneath it is in place (not recursive)."""
 
@@ -194,8 +222,8 @@ class FdFlag(NamedTuple):
         return [self.flag, str(fd)]
 
 
-Op = (Flag | RoBind | BindFd | DevBind | Symlink | Dir | Tmpfs | Kernel | RoData | RemountRo
-      | SetEnv | FdFlag)
+Op = (Flag | RoBind | BindFd | DevBind | Symlink | Dir | Tmpfs | Kernel | RoData | CopyFile
+      | RemountRo | SetEnv | FdFlag)
 
 
 class Mount(NamedTuple):
@@ -206,6 +234,10 @@ class Mount(NamedTuple):
     writable: bool = False
     by_fd: bool = False  # open the source first; required for anything untrusted can change
     optional: bool = False  # skip silently when the source does not exist
+    # Copy the file (root-owned, world-readable, small: checked by the resolver and again by
+    # the launcher) with these permission bits instead of binding it; honoured only under
+    # run_mounts' /etc.
+    copy_perms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +328,10 @@ def mask(path: str, kind: str) -> list[Op]:
 # the descriptions of the keys in the keyrings the launcher can see (seccomp keeps their
 # contents out of reach, not this listing).
 PROC_EMPTIED = ("/proc/keys", "/proc/key-users")
+# bwrap's root tmpfs read-only, after every mount and file (not recursive: each mount keeps
+# its own flags).  Started by a plain user, that tmpfs and the directories bwrap makes on
+# it are the user's own; without this only Landlock refused a write to / or /etc.
+ROOT_SEAL = RemountRo("/")
 PTS_TMPFS_BYTES = 4096
 
 
@@ -326,6 +362,12 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     ``files`` are generated read-only files such as ``/etc/passwd``; ``modes``: see
     :func:`parents`; ``masks`` are (path, "file" or "dir") inside read-only mounts to
     show empty (credentials in a ``--ro`` folder).
+
+    The generated ``/etc`` files and the host's small ones (``Mount.copy_perms``) are
+    copied onto bwrap's root tmpfs, with no mount each (each bind made bwrap re-read
+    /proc/self/mountinfo); directories are bound as before.  The sandbox's seal must be
+    ROOT_SEAL (build_ops checks).  A generated file that a caller's mount covers is bound
+    over it as before, so that it still wins.
     """
     made: set[str] = {"/usr", "/proc", "/dev", "/tmp"}
     ops: list[Op] = [RoBind("/usr", "/usr")]
@@ -333,14 +375,26 @@ def run_mounts(usr_links: Sequence[tuple[str, str]], base: Sequence[Mount],
     # Scratch before the read-only extras, so that an extra under /tmp is not covered.
     ops += [*kernel_filesystems(shm_bytes, ptys), Tmpfs("/tmp", tmp_bytes, 0o1777)]
     for m in base:
-        ops.extend(mount(m, made, modes))
+        if m.copy_perms is not None and m.dest.startswith("/etc/") and not m.writable:
+            ops.extend(parents(m.dest, made, modes))
+            ops.append(CopyFile(HostFile(m.source), m.dest, m.copy_perms))
+        else:
+            ops.extend(mount(m, made, modes))
     ops.extend(op for path, kind in masks for op in mask(path, kind))
     for m in writable:
         ops.extend(mount(m, made, modes))
+    covering = [m.dest for m in (*base, *writable) if m.copy_perms is None]
     for dest, content in files:
         ops.extend(parents(dest, made))
-        ops.append(RoData(Data(dest, content), dest))
+        if dest.startswith("/etc/") and not _covered(dest, covering):
+            ops.append(CopyFile(Data(dest, content), dest))
+        else:
+            ops.append(RoData(Data(dest, content), dest))
     return ops
+
+
+def _covered(path: str, mounts: Sequence[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in mounts)
 
 
 def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
@@ -358,6 +412,8 @@ def build_ops(sb: Sandbox, status_fd: int | None = None) -> list[Op]:
     for dest, content in sb.files:
         ops.append(RoData(Data(dest, content), dest))
     ops.extend(sb.seal)
+    if sb.seal[-1:] != (ROOT_SEAL,) and any(isinstance(op, CopyFile) for op in sb.mounts):
+        raise ValueError("corral.bwrap: files copied onto the root need ROOT_SEAL last")
     ops.append(Flag(("--clearenv",)))  # before any --setenv (fact 11)
     ops.extend(SetEnv(name, value) for name, value in init_environment(sb))
     ops.append(Flag(("--chdir", "/")))  # the init changes to sb.chdir once it is the payload's uid

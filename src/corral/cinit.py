@@ -66,9 +66,12 @@ def choice() -> str:
     if wanted not in CHOICES:
         raise UsageError(f"CORRAL_INIT={wanted} is not one of {', '.join(CHOICES)}", "",
                          "unset it, or set it to auto, c or python")
-    if wanted == "python" or (wanted == "auto" and not available()):
+    if wanted == "python":
         return "python"
-    if not available():
+    built = available()  # seven stats: once per run (resolve passes the answer down)
+    if wanted == "auto" and not built:
+        return "python"
+    if not built:
         raise HostError("CORRAL_INIT=c, but corral's compiled init is not built (or is older "
                         f"than {SOURCE}, or not fit to run: see 'corral doctor')",
                         "building it needs a C compiler and a static libc",
@@ -92,13 +95,14 @@ def describe() -> str:
             "'make setup' with a C compiler builds it")
 
 
-def join_prefix(files: Sequence[str], mount_args: Sequence[str]) -> list[str] | None:
+def join_prefix(binary: str | None, files: Sequence[str], mount_args: Sequence[str]
+                ) -> list[str] | None:
     """The argv prefix that starts bwrap through the compiled init's ``--join`` mode, which
     writes 0 into each cgroup file of ``files``, makes the child mounts ``mount_args``
-    say (corral.mountns.ChildMounts.joiner_args), then execs the rest; None when the
-    compiled init cannot be used (then a Python preexec_fn does the same)."""
-    path = joiner()
-    return None if path is None else [path, "--join", *files, *mount_args, "--"]
+    say (corral.mountns.ChildMounts.joiner_args), then execs the rest.  ``binary`` is the
+    run's compiled init (``Sandbox.init_binary``, chosen once by :func:`choice`); None:
+    the Python init, and a Python preexec_fn does the same."""
+    return None if binary is None else [binary, "--join", *files, *mount_args, "--"]
 
 
 def joiner() -> str | None:

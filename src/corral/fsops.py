@@ -49,8 +49,8 @@ from .beneath import (
     split,
 )
 
-__all__ = ["Entry", "Tree", "acting_as", "kind_of", "open_beneath", "read_file", "reason",
-           "remove_tree", "split"]
+__all__ = ["HOST_FILE_CAP", "Entry", "Tree", "acting_as", "kind_of", "open_beneath",
+           "open_host_file", "read_file", "reason", "remove_tree", "split"]
 
 class Entry(NamedTuple):
     """One name in a directory and what it is (a link is a link, never its target)."""
@@ -484,3 +484,23 @@ def _unlinked(dirfd: int, name: str) -> bool:
 def _chain(first: list[str], rest: Iterator[str]) -> Iterator[str]:
     yield from first
     yield from rest
+
+
+HOST_FILE_CAP = 1 << 20  # a system file copied into a sandbox (corral.bwrap.HostFile)
+
+
+def open_host_file(path: str) -> int:
+    """A root-owned, world-readable regular host file of at most HOST_FILE_CAP bytes,
+    opened for bwrap to copy (``/etc/services``); OSError(EPERM) for anything else.
+
+    Not under a payload-writable tree: only root can change it, so links are followed as a
+    bind would follow them.  Checked again here, through the descriptor, because the
+    resolver's look may be old: a copy must never show what the bind would not.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if (stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_mode & 0o004
+            and st.st_size <= HOST_FILE_CAP):
+        return fd
+    os.close(fd)
+    raise OSError(errno.EPERM, "no longer a small, root-owned, world-readable file")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import bwrap, cinit, fsops, tty
-from .bwrap import Data, PathHandle, Sandbox
+from .bwrap import Data, HostFile, PathHandle, Sandbox
 from .errors import HostError, LaunchError
 
 if TYPE_CHECKING:
@@ -78,14 +78,20 @@ class Handles:
         self._by_key: dict[object, int] = {}
         self.preset = preset or {}
 
-    def fd(self, item: Data | PathHandle) -> int:
+    def fd(self, item: Data | PathHandle | HostFile) -> int:
         if item not in self._by_key:
             given = self.preset.get(item) if isinstance(item, PathHandle) else None
             self._by_key[item] = self._open(item) if given is None else os.dup(given)
         return self._by_key[item]
 
     @staticmethod
-    def _open(item: Data | PathHandle) -> int:
+    def _open(item: Data | PathHandle | HostFile) -> int:
+        if isinstance(item, HostFile):
+            try:
+                return fsops.open_host_file(item.path)
+            except OSError as e:
+                raise LaunchError(f"cannot copy {item.path} into the sandbox",
+                                  e.strerror or "", "start again") from None
         if isinstance(item, PathHandle):
             flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
             if item.directory:
@@ -302,7 +308,7 @@ class Launch:
             return popen(None, (), ())
         mount_args, mount_fds = mounts.joiner_args() if mounts is not None else ([], [])
         files = self.cgroup.join_files() if self.cgroup is not None else []
-        prefix = cinit.join_prefix(files, mount_args)
+        prefix = cinit.join_prefix(self.sb.init_binary, files, mount_args)
         if prefix is not None:
             return popen(None, prefix, mount_fds)
         steps = [self.cgroup.child_step()] if self.cgroup is not None else []
@@ -597,10 +603,10 @@ class Numbering:
     """An FdTable for --dry-run: numbers descriptors in order and opens nothing."""
 
     def __init__(self, first: int = 3) -> None:
-        self.items: dict[Data | PathHandle, int] = {}
+        self.items: dict[Data | PathHandle | HostFile, int] = {}
         self.first = first
 
-    def fd(self, item: Data | PathHandle) -> int:
+    def fd(self, item: Data | PathHandle | HostFile) -> int:
         return self.items.setdefault(item, self.first + len(self.items))
 
 
@@ -619,7 +625,7 @@ def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
         lines.append(f"# /dev/pts: a devpts with max={sb.ptys}, mounted by bwrap's child in "
                      "a private mount namespace before it execs bwrap")
     for item, fd in fds.items.items():
-        what = item.path if isinstance(item, PathHandle) else item.name
+        what = item.name if isinstance(item, Data) else item.path
         lines.append(f"# fd {fd}: {what}")
     lines.append("# init config: " + json.dumps(bwrap.init_config(sb), sort_keys=True))
     return lines

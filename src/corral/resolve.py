@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import os
 import pwd
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from . import cinit, discover, interp, seccomp
-from .bwrap import Mount, Sandbox, run_mounts
+from . import cinit, discover, fsops, interp, seccomp
+from .bwrap import ROOT_SEAL, Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
 from .interp import INTERPRETER, check_prefix, prefix_of, which_command
@@ -109,7 +110,20 @@ def _find_system_mounts() -> Iterator[Mount]:
             yield Mount(path, path)
     for path in ETC:
         if os.path.lexists(path):
-            yield Mount(path, path, optional=True)
+            yield Mount(path, path, optional=True, copy_perms=_copyable(path))
+
+
+def _copyable(path: str) -> int | None:
+    """The permission bits a copy of ``path`` gets, when it may be copied instead of bound:
+    a regular file (after links, as a bind follows them), root's, world-readable, small.
+    Anything else is bound, so that no copy shows more than the file does."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    ok = (stat.S_ISREG(st.st_mode) and st.st_uid == 0 and st.st_mode & 0o004
+          and st.st_size <= fsops.HOST_FILE_CAP)
+    return stat.S_IMODE(st.st_mode) & 0o555 if ok else None
 
 
 def sandbox_identity(policy: Policy, host: HostFacts, owner: int | None) -> tuple[int, int]:
@@ -211,9 +225,10 @@ def init_source() -> bytes:
         return f.read()
 
 
-def compiled_init() -> str | None:
-    """The compiled init's path when this run gets it (corral.cinit.choice)."""
-    return cinit.BINARY if cinit.choice() == "c" else None
+def compiled_init(init: str | None = None) -> str | None:
+    """The compiled init's path when this run gets it: ``init``, the run's
+    corral.cinit.choice() when the caller made it already, else that choice made now."""
+    return cinit.BINARY if (init or cinit.choice()) == "c" else None
 
 
 def init_shielded(config: Mapping[str, Any], host: HostFacts) -> bool:
@@ -273,8 +288,11 @@ def pty_bound(policy: Policy, host: HostFacts) -> int:
 
 
 def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace: str,
-                uid: int, gid: int, extra_env: Sequence[tuple[str, str]] = ()) -> Sandbox:
-    """The sandbox for ``corral run``: ``workspace`` at /work, everything else read-only."""
+                uid: int, gid: int, extra_env: Sequence[tuple[str, str]] = (),
+                init: str | None = None) -> Sandbox:
+    """The sandbox for ``corral run``: ``workspace`` at /work, everything else read-only.
+
+    ``init``: the run's corral.cinit.choice(), when the caller made it already."""
     disable_userns = check_host(policy, host)
     base = list(_system_mounts())
     usr_links = _usr_links()
@@ -318,7 +336,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         argv=command.argv,
         init_python=host.python,
         init_source=init_source(),
-        init_binary=compiled_init(),
+        init_binary=compiled_init(init),
         init_config=config,
         init_shielded=init_shielded(config, host),
         root_mode=host.is_root,
@@ -330,6 +348,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
             _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes,
             modes, masks, ptys)),
         env=_environment(policy, path, extra_env),
+        seal=(ROOT_SEAL,),
         chdir=WORKDIR,
         seccomp=program,
         ptys=ptys,
