@@ -654,13 +654,7 @@ def test_a_launcher_killed_while_bwrap_sets_up_leaves_nothing(who: Identity, ini
         left: list[int] = []
         for _ in range(3):  # a control's kill may land late, after bwrap's setup: retry
             marker = f"corral-dying-{os.urandom(4).hex()}"
-            runs = who.tmp / f"runs-{marker}"
-            proc = subprocess.Popen([*who.prefix(), "-c", DYING_RUNNER, mode, marker],
-                                    env=who.environ({"CORRAL_INIT": init,
-                                                     "CORRAL_RUNS_DIR": str(runs)}),
-                                    cwd=who.tmp, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL)
-            assert proc.wait(timeout=120) == -signal.SIGKILL
+            runs = _killed_launcher(who, DYING_RUNNER, mode, marker, init)
             if mode == "protected":
                 assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
             else:
@@ -670,13 +664,27 @@ def test_a_launcher_killed_while_bwrap_sets_up_leaves_nothing(who: Identity, ini
                     with contextlib.suppress(OSError):
                         os.kill(pid, signal.SIGKILL)
                 assert eventually(lambda m=marker: processes_with(m) == [], 60)
-            for run_id in os.listdir(runs) if runs.exists() else []:
-                for p in _cgroups_of(who, run_id):
-                    assert eventually(lambda p=p: _rmdir(p), 30)
+            _remove_cgroups(who, runs)
             if mode == "protected" or left:
                 break
         assert mode == "protected" or left, f"the control {mode} left nothing"
 
+
+def _killed_launcher(who: Identity, runner: str, mode: str, marker: str, init: str) -> Path:
+    """Run ``runner`` (which SIGKILLs itself during its run); its runs directory."""
+    runs = who.tmp / f"runs-{marker}"
+    proc = subprocess.Popen([*who.prefix(), "-c", runner, mode, marker],
+                            env=who.environ({"CORRAL_INIT": init, "CORRAL_RUNS_DIR": str(runs)}),
+                            cwd=who.tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert proc.wait(timeout=120) == -signal.SIGKILL
+    return runs
+
+
+def _remove_cgroups(who: Identity, runs: Path) -> None:
+    """The cgroups the runs in ``runs`` left (their launchers killed), once empty."""
+    for run_id in os.listdir(runs) if runs.exists() else []:
+        for p in _cgroups_of(who, run_id):
+            assert eventually(lambda p=p: _rmdir(p), 30)
 
 
 STOPPING_RUNNER = """
@@ -711,13 +719,7 @@ def test_a_payload_that_stops_its_init_dies_with_its_launcher(who: Identity, ini
         need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
     for mode in ("exposed", "shielded"):
         marker = f"corral-stopping-{os.urandom(4).hex()}"
-        runs = who.tmp / f"runs-{marker}"
-        proc = subprocess.Popen([*who.prefix(), "-c", STOPPING_RUNNER, mode, marker],
-                                env=who.environ({"CORRAL_INIT": init,
-                                                 "CORRAL_RUNS_DIR": str(runs)}),
-                                cwd=who.tmp, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        assert proc.wait(timeout=120) == -signal.SIGKILL
+        runs = _killed_launcher(who, STOPPING_RUNNER, mode, marker, init)
         if mode == "exposed":
             assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
         else:
@@ -729,9 +731,7 @@ def test_a_payload_that_stops_its_init_dies_with_its_launcher(who: Identity, ini
                     os.kill(pid, signal.SIGKILL)
             assert eventually(lambda m=marker: processes_with(m) == [], 60)
             assert left and stopped, f"the control left {left}, stopped {stopped}"
-        for run_id in os.listdir(runs) if runs.exists() else []:
-            for p in _cgroups_of(who, run_id):
-                assert eventually(lambda p=p: _rmdir(p), 30)
+        _remove_cgroups(who, runs)
 
 
 def _state(pid: int) -> str:
