@@ -308,6 +308,15 @@ static void exec_payload(char **argv, int report_w) {
     _exit(SETUP_FAILED);
 }
 
+/* SIGKILL every process of this sandbox: kill -1 reaches the whole PID namespace but PID 1,
+ * bwrap's, which exits with us.  Only where this process is PID 2 of a namespace whose PID 1
+ * is its parent, as bwrap starts it: run anywhere else (the tests run the init on the host),
+ * kill -1 would reach every process of its uid, so only ``payload`` (when > 0) is killed. */
+void end_sandbox(pid_t payload) {
+    if (getpid() == 2 && getppid() == 1) kill(-1, SIGKILL);
+    else if (payload > 0) kill(payload, SIGKILL);
+}
+
 int wait_for(pid_t pid) {
     int status;
     while (waitpid(pid, &status, 0) < 0)
@@ -363,7 +372,7 @@ int main(int argc, char **argv) {
     /* What the payload left (a daemon, a fork bomb's rest) ends with it: bwrap's PID 1 waits
      * for every process of the namespace, and without --die-with-parent nothing else ends
      * them once bwrap's outer process has reported. */
-    kill(-1, SIGKILL);
+    end_sandbox(0);
     if (status < 0) return SETUP_FAILED; /* no end reported: the launcher says "error" */
     if (WIFSIGNALED(status)) {
         send_int("signaled", "signal", WTERMSIG(status));

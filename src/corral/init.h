@@ -82,5 +82,6 @@ extern int launcher_gone;      /* a status report failed (init.c) */
 int supervise(pid_t pid);      /* the payload's wait status; see init_bridge.c */
 int join_and_exec(char **argv); /* init_join.c: the host-side --join mode */
 int wait_for(pid_t pid);
+void end_sandbox(pid_t payload); /* init.c: kill -1, only as bwrap's PID 2 */
 
 #endif

@@ -58,8 +58,7 @@ static int forward(int listener) {
  * does not use bwrap's --die-with-parent, which leaves bwrap's sandbox child
  * blocked for ever when the launcher dies while bwrap sets up (bubblewrap.c: the parent
  * arms it, then lets the child go on), and follows the launcher's thread, not its process.
- * Then every process of the sandbox is killed: kill -1 from here reaches the whole PID
- * namespace but PID 1, bwrap's, which exits with us. */
+ * Then every process of the sandbox is killed (init.c's end_sandbox). */
 int supervise(pid_t pid) {
     struct pollfd fds[MAX_LISTEN + 2];
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
@@ -70,7 +69,7 @@ int supervise(pid_t pid) {
     fds[n + 1] = (struct pollfd){cfg.launcher_fd, POLLIN, 0}; /* -1 (none) is skipped */
     for (;;) {
         if (launcher_gone || fds[n + 1].revents) {
-            kill(-1, SIGKILL); /* the launcher is gone */
+            end_sandbox(pid); /* the launcher is gone */
             break;
         }
         if (poll(fds, (nfds_t)n + 2, -1) < 0) {

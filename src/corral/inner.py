@@ -347,6 +347,21 @@ def _json_value(value: str | int) -> str:
     return f'"{escaped}"'
 
 
+def end_sandbox(payload: int | None) -> None:
+    """SIGKILL every process of this sandbox: kill -1 reaches the whole PID namespace but
+    PID 1, bwrap's, which exits with us.  Only where this process is PID 2 of a namespace
+    whose PID 1 is its parent, as bwrap starts it: run anywhere else (the tests run the
+    init on the host), kill -1 would reach every process of its uid, so only ``payload``
+    (when given) is killed."""
+    target = -1 if os.getpid() == 2 and os.getppid() == 1 else payload
+    if target is None:
+        return
+    try:  # noqa: SIM105 (no contextlib: every import here is paid on every launch)
+        os.kill(target, signal.SIGKILL)
+    except OSError:
+        pass  # nothing was left
+
+
 def supervise(pid: int, report: Reporter, launcher: int | None, bridge: Any) -> int:
     """Wait for the payload (serving the bridge meanwhile); its wait status.
 
@@ -355,14 +370,17 @@ def supervise(pid: int, report: Reporter, launcher: int | None, bridge: Any) -> 
     does not use bwrap's --die-with-parent where the payload cannot stop the init
     (:func:`corral.resolve.init_shielded`), which leaves bwrap's sandbox child blocked for
     ever when the launcher dies while bwrap sets up, and follows the launcher's thread, not
-    its process.  Then every process of the sandbox is killed: kill -1 from here reaches
-    the whole PID namespace but PID 1, bwrap's, which exits with us.  init_bridge.c does
-    the same for the compiled init."""
+    its process.  Then every process of the sandbox is killed (:func:`end_sandbox`).
+    init_bridge.c does the same for the compiled init."""
     if report.gone:
-        os.kill(-1, signal.SIGKILL)
+        end_sandbox(pid)
         return os.waitpid(pid, 0)[1]
     if bridge is not None:
-        return int(bridge.serve(pid, launcher))
+        status = bridge.serve(pid, launcher)
+        if status is None:  # the launcher is gone
+            end_sandbox(pid)
+            return os.waitpid(pid, 0)[1]
+        return int(status)
     if launcher is None:  # no launcher descriptor in the config: nobody to watch
         return os.waitpid(pid, 0)[1]
     pidfd = os.pidfd_open(pid)
@@ -371,7 +389,7 @@ def supervise(pid: int, report: Reporter, launcher: int | None, bridge: Any) -> 
     poller.register(launcher, select.POLLIN)
     try:
         if any(fd == launcher for fd, _ in poller.poll()):
-            os.kill(-1, signal.SIGKILL)
+            end_sandbox(pid)
     finally:
         os.close(pidfd)
     return os.waitpid(pid, 0)[1]
@@ -408,10 +426,7 @@ def run(config_fd: int, argv: list[str]) -> int:
     # What the payload left (a daemon, a fork bomb's rest) ends with it: bwrap's PID 1 waits
     # for every process of the namespace, and without --die-with-parent nothing else ends
     # them once bwrap's outer process has reported.
-    try:  # noqa: SIM105 (no contextlib: every import here is paid on every launch)
-        os.kill(-1, signal.SIGKILL)
-    except OSError:
-        pass  # nothing was left
+    end_sandbox(None)
     if os.WIFSIGNALED(status):
         report.send(event="signaled", signal=os.WTERMSIG(status))
         return 128 + os.WTERMSIG(status)

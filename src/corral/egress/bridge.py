@@ -38,7 +38,6 @@ from __future__ import annotations
 import _socket
 import os
 import select
-import signal
 import sys
 
 TYPE_CHECKING = False  # no typing import at run time: this file starts with every launch
@@ -99,11 +98,11 @@ class Bridge:
             os.close(fd)
         return True
 
-    def serve(self, pid: int, launcher: int | None = None) -> int:
+    def serve(self, pid: int, launcher: int | None = None) -> int | None:
         """Forward connections until child ``pid`` ends; returns its wait status.
 
-        ``launcher`` is a pidfd of the launcher's process: readable once it is gone, and
-        then every process of the sandbox is killed (inner.py's ``supervise`` says why)."""
+        ``launcher`` is a pidfd of the launcher's process, readable once it is gone: then
+        None, and the caller ends the sandbox (inner.py's ``supervise`` says why)."""
         pidfd = os.pidfd_open(pid)
         poller = select.poll()
         by_fd = {sock.fileno(): sock for sock in self.listeners}
@@ -116,8 +115,7 @@ class Bridge:
             while True:
                 for fd, _ in poller.poll():
                     if fd == launcher:
-                        os.kill(-1, signal.SIGKILL)
-                        return os.waitpid(pid, 0)[1]
+                        return None
                     if fd == pidfd:
                         return os.waitpid(pid, 0)[1]
                     while self.forward(by_fd[fd]):
