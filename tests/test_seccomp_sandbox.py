@@ -174,11 +174,12 @@ def _payload_of(init: int, timeout: float = 60) -> int:
 
 
 def _waiting(init: int) -> bool:
-    """The init sits in wait4, so it has reported "started" (it does so just before): a kill
-    between the payload's exec and that report is a launch failure, not this test's case."""
+    """The init sits in poll (watching the payload and the launcher) or wait4, so it has
+    reported "started" (it does so just before): a kill between the payload's exec and
+    that report is a launch failure, not this test's case."""
     try:
         with open(f"/proc/{init}/syscall") as f:
-            return f.read().split()[0] == "61"  # x86_64 wait4
+            return f.read().split()[0] in ("7", "61")  # x86_64 poll, wait4
     except (OSError, IndexError):
         return False
 
