@@ -158,9 +158,12 @@ class Variants:
         def go() -> None:
             run = launch.Launch(sb, capture=True, stdin=None, output_cap=1 << 20, timeout_s=60,
                                 bwrap_path=self.bwrap)
-            fds = [os.open(os.devnull, os.O_WRONLY) for _ in range(3)]
+            fds = [os.open(os.devnull, os.O_WRONLY) for _ in range(4)]
+            run.json_r = fds[3]  # the reader bwrap keeps (Launch.start makes a pipe)
+            me = os.pidfd_open(os.getpid())
+            fds.append(me)
             try:
-                argv, keep = run.argv(*fds)
+                argv, keep = run.argv(*fds[:3], me)
                 if no_init:
                     argv = argv[:argv.index("--") + 1] + TRUE
                 subprocess.run(argv, pass_fds=keep, stdin=subprocess.DEVNULL,

@@ -87,14 +87,16 @@ class Corral:
         status_r, status_w = os.pipe()
         json_r, json_w = os.pipe()
         null = os.open(os.devnull, os.O_WRONLY)
+        run.json_r = json_r  # the reader bwrap keeps (Launch.start makes it)
+        me = os.pidfd_open(os.getpid())
         try:
-            argv, keep = run.argv(status_w, json_w, null)
+            argv, keep = run.argv(status_w, json_w, null, me)
             return timed(lambda: subprocess.run(
                 argv, pass_fds=keep, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, env={}, check=True))
         finally:
             run.close()
-            for fd in (status_r, status_w, json_r, json_w, null):
+            for fd in (status_r, status_w, json_r, json_w, null, me):
                 os.close(fd)
 
     def api(self) -> float:
