@@ -74,7 +74,7 @@ def test_a_connection_made_at_once_waits_for_the_proxy_and_is_served(who: Identi
         # Asked before the proxy was attached (one clock: the host's), so it waited on
         # the pair; the control of the waiting is the failure test below.
         assert isinstance(r["attach"], float)
-        if cinit.joiner() is not None:  # else the launcher waits for the proxy (api._execute)
+        if cinit.choice() == "c":  # else the launcher waits for the proxy (api._execute)
             assert float(when) < r["attach"], r
         assert origin.connections == 1
 

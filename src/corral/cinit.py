@@ -28,7 +28,7 @@ from typing import Any
 
 from .errors import HostError, UsageError
 
-__all__ = ["BINARY", "available", "choice", "describe", "encode", "join_prefix", "joiner"]
+__all__ = ["BINARY", "available", "choice", "describe", "encode", "join_prefix"]
 
 BINARY = os.path.join(os.path.dirname(__file__), "init.bin")
 SOURCE = os.path.join(os.path.dirname(__file__), "init.c")  # and its parts: SOURCES
@@ -103,14 +103,6 @@ def join_prefix(binary: str | None, files: Sequence[str], mount_args: Sequence[s
     run's compiled init (``Sandbox.init_binary``, chosen once by :func:`choice`); None:
     the Python init, and a Python preexec_fn does the same."""
     return None if binary is None else [binary, "--join", *files, *mount_args, "--"]
-
-
-def joiner() -> str | None:
-    """The compiled init, to run on the host as ``--join`` (corral.cgroups.RunCgroup.spawn),
-    when it is built, executable here, and CORRAL_INIT does not say ``python``."""
-    if os.environ.get("CORRAL_INIT") == "python" or not available():
-        return None
-    return BINARY
 
 
 def encode(config: Mapping[str, Any]) -> bytes:
