@@ -340,13 +340,8 @@ def sweep_stale(base: str, now: float | None = None) -> list[str]:
         names = os.listdir(base)
     except OSError:
         return []
-    # Every run sweeps, and its neighbours' names are young: a string comparison of the
-    # fixed-width UTC stamp sets them aside without strptime (7 us a name, each run).
-    cutoff = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now - STALE_S + 1))
     gone = []
     for name in names:
-        if name[:15] >= cutoff:
-            continue
         made = _run_time(name)
         if made is None or now - made < STALE_S:
             continue
