@@ -19,6 +19,15 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
   next push sends them unreviewed.  These refs are a cache of the remote, which
   ``git fetch`` restores: one made or changed during the run goes (the packed value
   from the launch, if any, is what git sees again);
+* ``rr-cache/*/postimage`` (and its ``preimage``): rerere, on in any repository that has
+  ``rr-cache``, answers a conflict it has seen with the recorded resolution, so the user's
+  next ``git merge`` on the host writes the agent's text into the file and reports it
+  "Resolved using previous resolution";
+* a loose object (``objects/XX/...``) whose content does not hash to its name: git reads
+  loose objects unchecked (only ``git fsck`` sees the "hash-path mismatch"), so an agent
+  that rewrites the blob of a committed file with its own edit makes ``git diff`` show
+  nothing, ``git show`` and ``git log -p`` show its text as the commit's, and
+  ``git checkout``/``git restore`` of the file write its text back;
 * grafts by other names: ``shallow`` cuts the parents of the commits it lists, and
   ``objects/info/commit-graph`` (or a ``commit-graphs/`` chain), whose parents and trees
   git reads before the objects and never checks against them, says what its writer chose.
@@ -26,7 +35,8 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
 Little of it is written by an agent's ordinary work (git itself never writes the legacy
 remotes, grafts or alternates but at ``git clone --shared``, replace refs only at
 ``git replace``, ``shallow`` only at a shallow fetch; a commit-graph is a cache that
-``git gc`` writes and git does without; remote-tracking refs are moved by a fetch or a
+``git gc`` writes and git does without; ``rr-cache`` is a cache of resolutions that git
+records only where rerere is on; remote-tracking refs are moved by a fetch or a
 push, and a later ``git fetch`` on the host brings them back), so :func:`planted` names
 each such file made or changed during the run; the audit quarantines it.  A
 ``packed-refs`` changed during the run that holds replace or remote-tracking refs is
@@ -36,8 +46,10 @@ Reads go through :mod:`corral.fsops`.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
+import zlib
 from collections.abc import Callable, Iterator
 
 from . import fsops, gitconfig, gitindex
@@ -54,10 +66,19 @@ REPLACED = ("git log, show, diff and checkout would show another {} than the one
 GRAPH = ("a commit-graph: git reads commits' parents and trees from it, unchecked, and "
          f"{REPLACED.format('history')}; git does without it, and rebuilds it with "
          "`git commit-graph write --reachable`")
+RERERE = ("a recorded conflict resolution: host git's next merge, rebase or cherry-pick that "
+          "meets the same conflict writes the agent's resolution into the file and says "
+          "it was resolved (rerere is on wherever rr-cache exists)")
 REMOTE = ("a remote-tracking ref: moved, `git log origin/main..` and `git status` would "
           "hide commits the next `git push` sends; `git fetch` brings it back")
 UNSEEN = ("the index marks files that git status and git diff would not look at "
           "(assume-unchanged, skip-worktree), so a change there goes unreviewed")
+FORGED = ("a loose object whose content is not what its name says (git fsck: hash-path "
+          "mismatch): git reads it unchecked, so git diff, show and checkout would give "
+          "its text for what the commit holds")
+HEX = frozenset("0123456789abcdef")
+HASHES = {38: "sha1", 62: "sha256"}  # a loose object's name after its folder's two digits
+READ_CHUNK = 1 << 14  # inflated, at most ~16 MiB a part
 TRUE = ("true", "yes", "on", "1", "")
 CONFIG_CAP = 1 << 20
 REPLACE = "refs/replace"
@@ -85,9 +106,11 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed
                         ("branches", f"a legacy remote: {LEGACY}"),
                         (REPLACE, f"a replace ref: {REPLACED.format('commit')}"),
                         ("objects/info/commit-graphs", GRAPH),
-                        ("refs/remotes", REMOTE)):
+                        ("refs/remotes", REMOTE),
+                        ("rr-cache", RERERE)):
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
     yield from _index(tree, gitdir, changed)
+    yield from ((rel, FORGED, None) for rel in _loose(tree, gitdir, changed))
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
     if verdict is not None:
@@ -151,6 +174,58 @@ def _index(tree: fsops.Tree, gitdir: str, changed: Changed
         names = ", ".join(p.decode(errors="replace") for p in found[1][:5])
         more = f" and {len(found[1]) - 5} more" if len(found[1]) > 5 else ""
         yield rel, f"{UNSEEN}: {names}{more}", found[0]
+
+
+def _loose(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[str]:
+    """Loose objects made or changed during the run that are not what their names say:
+    anything but a regular file (git follows a link there; corral does not), or one whose
+    inflated bytes do not hash to its name.  A folder made a link is taken whole."""
+    top = f"{gitdir}/objects"
+    st, link = _reach(tree, gitdir, "objects", changed)
+    if link or st is None or not stat.S_ISDIR(st.st_mode):
+        if link or changed(st):  # a link the launch held is the user's own: left alone
+            yield link or top
+        return
+    for folder in tree.scandir(top, stats=True):
+        if len(folder.name) != 2 or not set(folder.name) <= HEX:
+            continue
+        rel = f"{top}/{folder.name}"
+        try:
+            entries = tree.scandir(rel, stats=True) if folder.kind == "dir" else None
+        except OSError:  # locked during the run: corral cannot check it, all of it goes
+            entries = None
+        if entries is None:
+            if changed(folder.st):
+                yield rel
+            continue
+        for e in entries:
+            algorithm = HASHES.get(len(e.name))
+            if algorithm is None or not set(e.name) <= HEX or not changed(e.st):
+                continue  # git's own temporary files (tmp_obj_*) are never read as objects
+            if e.kind != "file" or not _hashes_to(tree, f"{rel}/{e.name}", algorithm,
+                                                  folder.name + e.name):
+                yield f"{rel}/{e.name}"
+
+
+def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str) -> bool:
+    """Whether the loose object ``rel`` inflates, whole, to bytes whose hash is ``name``
+    (read and hashed a part at a time: a large blob costs no memory)."""
+    fd = tree.open_regular(rel)
+    if fd is None:
+        return False
+    digest, inflate = hashlib.new(algorithm), zlib.decompressobj()
+    try:
+        while chunk := os.read(fd, READ_CHUNK):
+            digest.update(inflate.decompress(chunk))
+            if inflate.eof:
+                break
+        digest.update(inflate.flush())
+        ok = inflate.eof and not inflate.unused_data and not os.read(fd, 1)
+    except (OSError, zlib.error):
+        return False
+    finally:
+        os.close(fd)
+    return ok and digest.hexdigest() == name
 
 
 def _sparse(tree: fsops.Tree, gitdir: str) -> bool:
