@@ -274,3 +274,42 @@ def test_a_forged_loose_object_does_not_hide_an_edit(who: Identity, lab: Lab) ->
         if sandbox == "corral":
             assert "quarantined" in stderr and "hash-path" in stderr, stderr
             assert shown.returncode != 0, shown  # gone: git says so, never shows EVIL
+
+
+# The agent packs its EVIL blob and writes the pack's index as if it held the blob HEAD:f
+# names: git finds objects in packs first, through the index, unchecked.
+FORGE_PACK = r'''
+import hashlib, os, struct, subprocess, zlib
+def run(*a, **k):
+    return subprocess.run(["git", *a], check=True, capture_output=True, **k).stdout
+target = bytes.fromhex(run("rev-parse", "HEAD:f").decode().strip())
+evil = run("hash-object", "-w", "--stdin", input=b"EVIL\n").decode().strip()
+name = run("pack-objects", ".git/objects/pack/pack", input=(evil + "\n").encode()).decode()
+base = ".git/objects/pack/pack-" + name.strip()
+pack = open(base + ".pack", "rb").read()
+fan = b"".join(struct.pack(">I", int(i >= target[0])) for i in range(256))
+body = (b"\377tOc" + struct.pack(">I", 2) + fan + target
+        + struct.pack(">II", zlib.crc32(pack[12:-20]), 12) + pack[-20:])
+os.chmod(base + ".idx", 0o644)
+open(base + ".idx", "wb").write(body + hashlib.sha1(body).digest())
+os.unlink(".git/objects/" + evil[:2] + "/" + evil[2:])
+'''
+
+
+def test_a_lying_pack_index_does_not_hide_an_edit(who: Identity, lab: Lab) -> None:
+    """The pack form of the forged object: after it, host ``git diff`` shows nothing and
+    ``git show HEAD:f`` shows the edit as the commit's (redteam)."""
+    for sandbox in ("corral", "naive"):
+        project = _project(lab)
+        (project / "forge.py").write_text(FORGE_PACK)
+        lab.own(project)
+        stderr = _plant(who, lab, sandbox, "python3 forge.py && rm forge.py && echo EVIL > f")
+        shown = _host_git(who, project, "show", "HEAD:f")
+        diff = _host_git(who, project, "diff")
+        # Control: after the naive sandbox, the commit "holds" EVIL and the diff is empty.
+        assert (shown.stdout == "EVIL\n") == (sandbox == "naive"), (sandbox, shown, stderr)
+        silent = diff.returncode == 0 and diff.stdout == ""
+        assert silent == (sandbox == "naive"), (sandbox, diff, stderr)
+        if sandbox == "corral":
+            assert "quarantined" in stderr and "git index-pack" in stderr, stderr
+            assert shown.stdout == "ok\n", shown  # the user's own blob, read loose again

@@ -65,3 +65,76 @@ def test_a_folder_or_store_made_a_link_is_taken_whole(tmp_path: Path) -> None:
     os.symlink(tmp_path / "store", objects)
     assert _found(repo) == [".git/objects"]
     assert _found(repo, changed=False) == []
+
+
+def _packed(tmp_path: Path, fmt: str = "sha1", version: int = 2) -> tuple[Path, Path]:
+    repo, _ = _repo(tmp_path, fmt)
+    for text in (b"a\n", b"b\n" * 1000):
+        subprocess.run(["git", "-C", str(repo), "hash-object", "-w", "--stdin"], input=text,
+                       check=True, capture_output=True)
+    subprocess.run(["git", "-C", str(repo), "-c", f"pack.indexVersion={version}",
+                    "repack", "-qad"], check=True)  # nothing reachable: packs all loose ones?
+    packs = sorted((repo / ".git" / "objects" / "pack").glob("pack-*.idx"))
+    if not packs:  # repack -a packs only reachable objects: pack the loose ones by name
+        names = subprocess.run(
+            ["sh", "-c", "cd .git/objects && ls -d ??/* | tr -d /"], cwd=repo, check=True,
+            capture_output=True, text=True).stdout
+        subprocess.run(["git", "-C", str(repo), "-c", f"pack.indexVersion={version}",
+                        "pack-objects", ".git/objects/pack/pack"], input=names, text=True,
+                       check=True, capture_output=True)
+        packs = sorted((repo / ".git" / "objects" / "pack").glob("pack-*.idx"))
+    return repo, packs[0]
+
+
+@pytest.mark.parametrize(("fmt", "version"), [("sha1", 2), ("sha1", 1), ("sha256", 2)])
+def test_a_pack_git_wrote_passes_and_its_index_is_read(tmp_path: Path, fmt: str, version: int
+                                                       ) -> None:
+    repo, idx = _packed(tmp_path, fmt, version)
+    said = gitredirect._pack_index(idx.read_bytes())
+    assert said is not None and len(said) == 3, said
+    assert all(len(name) == (20 if fmt == "sha1" else 32) for name in said)
+    assert _packs(repo) == []
+
+
+def _packs(repo: Path, changed: bool = True) -> list[str]:
+    with fsops.Tree(str(repo)) as tree:
+        return [rel for rel, _ in gitredirect._packs(
+            tree, ".git", lambda st: changed and st is not None)]
+
+
+def test_an_index_that_lies_or_lists_a_name_twice_is_found(tmp_path: Path) -> None:
+    repo, idx = _packed(tmp_path)
+    rel = f".git/objects/pack/{idx.name}"
+    data = bytearray(idx.read_bytes())
+    idx.chmod(0o644)
+    names = 1032
+    first, second = bytes(data[names:names + 20]), bytes(data[names + 20:names + 40])
+    swapped = bytearray(data)  # two names trade offsets: each is found at the other's
+    swapped[names:names + 20], swapped[names + 20:names + 40] = second, first
+    idx.write_bytes(bytes(swapped))
+    assert gitredirect._pack_index(bytes(swapped)) is None  # no longer ascending
+    assert _packs(repo) == [rel]
+    offsets = 1032 + 3 * 24
+    moved = bytearray(data)  # sorted still, but the first object's offset is the second's
+    moved[offsets:offsets + 4] = data[offsets + 4:offsets + 8]
+    idx.write_bytes(bytes(moved))
+    assert gitredirect._pack_index(bytes(moved)) is not None
+    assert _packs(repo) == [rel]
+    assert _packs(repo, changed=False) == []  # the launch's own: left alone
+    twice = bytearray(data)
+    twice[names + 20:names + 40] = first
+    assert gitredirect._pack_index(bytes(twice)) is None
+    assert gitredirect._pack_index(b"\377tOc" + bytes(2000)) is None
+    idx.write_bytes(bytes(data))
+    assert _packs(repo) == []
+
+
+def test_unchecked_pack_caches_made_during_the_run_go(tmp_path: Path) -> None:
+    repo, idx = _packed(tmp_path)
+    pack_dir = idx.parent
+    for name in ("multi-pack-index", idx.name[:-4] + ".bitmap", idx.name[:-4] + ".rev"):
+        (pack_dir / name).write_bytes(b"x")
+    assert sorted(_packs(repo)) == sorted(
+        f".git/objects/pack/{n}" for n in ("multi-pack-index", idx.name[:-4] + ".bitmap",
+                                           idx.name[:-4] + ".rev"))
+    assert _packs(repo, changed=False) == []
