@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from . import cinit, discover, fsops, interp, seccomp
-from .bwrap import ROOT_SEAL, Mount, Sandbox, run_mounts
+from .bwrap import DEV_SEAL, ROOT_SEAL, Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
 from .interp import INTERPRETER, check_prefix, prefix_of, which_command
@@ -348,7 +348,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
             _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes,
             modes, masks, ptys)),
         env=_environment(policy, path, extra_env),
-        seal=(ROOT_SEAL,),
+        seal=(DEV_SEAL, ROOT_SEAL),
         chdir=WORKDIR,
         seccomp=program,
         ptys=ptys,

@@ -16,7 +16,8 @@ read-only and secret-looking files appear empty.
  5. writable paths by descriptor, parents before children (state, then the project)
  6. inside writable trees: git directories pinned, protected paths read-only,
     secrets emptied; every destination re-checked just before launch
- 7. the hidden trees made read-only (they had to be writable to create mount points)
+ 7. the hidden trees made read-only (they had to be writable to create mount points),
+    and bwrap's ``/dev`` (the payload's own tmpfs, started by a plain user)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import NamedTuple
 
 from .. import discover, fsops, guard, interp, program, repos, resolve
 from ..bwrap import (
+    DEV_SEAL,
     BindFd,
     Data,
     Op,
@@ -144,8 +146,10 @@ def agent_mounts(layout: Layout) -> list[Op]:
 
 
 def agent_seal(layout: Layout) -> list[Op]:
-    """Step 7: the emptied trees made read-only, once corral's init file is in place."""
-    return [RemountRo(tree) for tree in reversed(layout.hidden_trees) if tree not in SCRATCH]
+    """Step 7: the emptied trees made read-only, once corral's init file is in place, and
+    bwrap's /dev (see corral.bwrap.DEV_SEAL)."""
+    return [*(RemountRo(tree) for tree in reversed(layout.hidden_trees) if tree not in SCRATCH),
+            DEV_SEAL]
 
 
 def _finding_ops(findings: Sequence[Finding]) -> Iterator[Op]:
