@@ -54,6 +54,7 @@ Reads go through :mod:`corral.fsops`.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import shutil
 import stat
@@ -358,7 +359,7 @@ def _pack_index(data: bytes) -> dict[bytes, int] | None:
 def _sorted_once(pairs: list[tuple[bytes, int]]) -> dict[bytes, int] | None:
     """The pairs as a map, if their names are strictly ascending (as git writes them and
     its binary search needs: a name listed twice could be found at either offset)."""
-    if any(a[0] >= b[0] for a, b in zip(pairs, pairs[1:])):
+    if any(a[0] >= b[0] for a, b in itertools.pairwise(pairs)):
         return None
     return dict(pairs)
 
