@@ -322,13 +322,14 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
-    cinit.choice()
+    init = cinit.choice()  # once per run: resolve_agent is handed the answer
+    resolve.probe_ptys(policy, facts, init)  # answered by the time resolve_agent asks
     runs = runs_dir or workspace.default_runs_dir()
     # What runs whose corral was SIGKILLed left unaudited, before this scan takes it in.
     actions: list[audit.Action] = pending.recover(runs)
     try:
         sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env,
-                                         prepare=True, import_state=import_state)
+                                         prepare=True, import_state=import_state, init=init)
     except CorralError as e:
         e.notes = tuple(a.line() for a in actions)
         raise
