@@ -2,7 +2,9 @@
 
 The bounded devpts's trial (corral.mountns.probe_devpts) is begun in the background at
 the start of a run and answered by the child the compiled init's ``--join`` spawned;
-the init is chosen once per run (corral.cinit.choice) and handed down.
+the init is chosen once per run (corral.cinit.choice) and handed down; the CLI's proxy
+process is forked before the run's directory exists (corral.egress.session.prefork)
+and handed its log when the run starts, or killed if the run never does.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import textwrap
 from dataclasses import replace
 from pathlib import Path
 
+from agent_lab import Lab
 from conftest import NOBODY, Identity, need
 from corral import agent, cinit, host
 from corral.profiles import load_profile
+from egress_util import Origin, write_script
 
 PROBE = textwrap.dedent("""
     import json, os, sys
@@ -92,3 +96,111 @@ def test_resolve_agent_takes_the_runs_init_choice(tmp_path: Path) -> None:
     finally:
         shutil.rmtree(base, ignore_errors=True)
     assert chosen == {"python": None, "c": cinit.BINARY, None: cinit.BINARY}, chosen
+
+
+FETCH = r"""
+import socket, sys, urllib.request as u
+print(u.urlopen(f"http://origin.test:{sys.argv[1]}/early", timeout=60).status)
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT denied.test:443 HTTP/1.1\r\nHost: denied.test:443\r\n\r\n")
+print(s.recv(12).decode())
+"""
+
+
+def test_the_agents_proxy_forked_ahead_serves_and_logs(who: Identity, lab: Lab) -> None:
+    """``corral agent`` with a name allowed: the proxy process forked before the run's
+    directory existed relays the allowed request, refuses the other, and both decisions
+    are in the run's log (its descriptor came by SCM_RIGHTS) and the denial in the record."""
+    (lab.project / "fetch.py").write_text(FETCH)
+    lab.own(lab.project / "fetch.py")
+    with Origin() as origin:
+        r = who.corral("agent", "--allow-domain", "origin.test", "--resolve",
+                       "origin.test:127.0.0.1", "--", "python3", "fetch.py", str(origin.port),
+                       cwd=lab.project)
+    assert r.returncode == 0 and r.stdout.split() == ["200", "HTTP/1.1", "403"], r
+    (run,) = [d for d in (who.tmp / "runs").iterdir() if (d / "record.json").exists()]
+    log = [json.loads(line) for line in (run / "egress.jsonl").read_text().splitlines()]
+    assert [(e["host"], e["allowed"]) for e in log] == [("origin.test", True),
+                                                         ("denied.test", False)], log
+    record = json.loads((run / "record.json").read_text())
+    assert record["status"] == "exited" and record["error"] is None, record
+    assert [d["host"] for d in record["denials"]] == ["denied.test"], record
+
+
+EARLY = r"""
+import json, os, sys, tempfile, time
+import corral.egress
+from corral.egress import session as es
+from corral.errors import LaunchError
+from corral.policy import Network
+net = Network(allow=("origin.test",))
+out = {"library": es.prefork(net) is None}  # corral.run's caller: never forked
+corral.egress.fork_proxies()  # as the CLI does
+out["nothing_allowed"] = es.prefork(Network()) is None
+
+def reaped(pid):
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+def fds(pid):
+    found = []
+    for n in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found.append(os.readlink(f"/proc/{pid}/fd/{n}"))
+        except OSError:  # the listing's own descriptor
+            pass
+    return sorted(found)
+
+s = es.prefork(net)  # a run that ends before it starts: the child killed and reaped
+pid = s.child.pid
+out["alive"] = not reaped(pid)
+s.discard()
+out["discarded"] = reaped(pid)
+
+s = es.prefork(net)  # a log that cannot be made: the run stops, the child is reaped
+pid = s.child.pid
+try:
+    s.begin("/nonexistent/run")
+    out["bad_log"] = "started"
+except LaunchError as e:
+    out["bad_log"] = str(e)
+out["bad_log_reaped"] = reaped(pid)
+
+s = es.prefork(net)  # begun: the child serves with the log it was handed
+pid = s.child.pid
+run = tempfile.mkdtemp()
+s.begin(run)
+s.discard()  # nothing, once begun
+deadline = time.monotonic() + 60
+while not any(f.endswith("/egress.jsonl") for f in fds(pid)) and time.monotonic() < deadline:
+    time.sleep(0.02)
+out["child_fds"] = fds(pid)
+out["parent_has_log"] = any(f.endswith("/egress.jsonl") for f in fds(os.getpid()))
+s.close()
+out["closed"] = [reaped(pid), s.error]
+print(json.dumps(out))
+"""
+
+
+def test_the_early_proxy_process_is_handed_its_log_or_killed(who: Identity) -> None:
+    """prefork's three endings: discarded (the run failed before it started: killed and
+    reaped), a log that cannot be made (LaunchError before the launch, reaped), begun (the
+    child holds the log, the launcher does not, and it ends with no failure).  Controls: a
+    library caller, and a policy that allows nothing, get no early process."""
+    script = write_script(who, "early.py", EARLY)
+    proc = who.run([who.prefix()[-1], str(script)])
+    assert proc.returncode == 0, proc
+    out = json.loads(proc.stdout)
+    assert out["library"] and out["nothing_allowed"], out
+    assert out["alive"] and out["discarded"], out
+    assert out["bad_log"].startswith("cannot start the egress proxy"), out
+    assert out["bad_log_reaped"], out
+    odd = [t for t in out["child_fds"] if not (t in ("/dev/null", "anon_inode:[eventpoll]")
+                                               or t.startswith(("socket:", "pipe:"))
+                                               or t.endswith("/egress.jsonl"))]
+    assert odd == [] and any(t.endswith("/egress.jsonl") for t in out["child_fds"]), out
+    assert not out["parent_has_log"], out
+    assert out["closed"] == [True, None], out
