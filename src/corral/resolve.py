@@ -277,6 +277,15 @@ def init_config(policy: Policy, host: HostFacts, uid: int, gid: int,
     }
 
 
+def probe_ptys(policy: Policy, host: HostFacts, init: str | None = None) -> None:
+    """Begin learning :func:`pty_bound`'s answer in the background, where the run wants
+    ptys (corral.mountns.probe_devpts); ``init`` as for :func:`compiled_init`."""
+    if policy.limits.ptys:
+        from .mountns import probe_devpts
+
+        probe_devpts(not host.is_root, compiled_init(init))
+
+
 def pty_bound(policy: Policy, host: HostFacts) -> int:
     """How many pseudo-terminals the sandbox gets: the policy's ``ptys`` where bwrap's child
     can mount a devpts of that size (root; a plain user who may make a user namespace),

@@ -313,12 +313,14 @@ def _environment(policy: Policy, home: str, user: str, path: str,
 
 def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project: str,
                   extra_env: Sequence[tuple[str, str]] = (), *, prepare: bool = False,
-                  import_state: bool = False) -> tuple[Sandbox, Layout]:
+                  import_state: bool = False, init: str | None = None
+                  ) -> tuple[Sandbox, Layout]:
     """The sandbox for ``corral agent`` or ``corral shell`` in ``project``.
 
     With ``prepare``, corral's copy of the agent's state is made (and imported into on
     first use or with ``import_state``) and its credentials refreshed; without, nothing
-    is created (``--dry-run``).
+    is created (``--dry-run``).  ``init``: the run's corral.cinit.choice(), when the
+    caller made it already.
     """
     disable_userns = resolve.check_host(policy, host)
     # The launcher's own home first, then (started by root) the agent's.
@@ -373,7 +375,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         argv=(found, *argv[1:]),
         init_python=host.python,
         init_source=resolve.init_source(),
-        init_binary=resolve.compiled_init(),
+        init_binary=resolve.compiled_init(init),
         init_config=config, init_shielded=resolve.init_shielded(config, host),
         root_mode=host.is_root, uid=uid, gid=gid, disable_userns=disable_userns,
         mounts=tuple(agent_mounts(layout)),
