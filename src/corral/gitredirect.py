@@ -53,14 +53,12 @@ Reads go through :mod:`corral.fsops`.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
 import shutil
 import stat
 import struct
 import subprocess
-import tempfile
 import zlib
 from collections.abc import Callable, Iterator
 
@@ -233,6 +231,8 @@ def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str) -> bool:
     fd = tree.open_regular(rel)
     if fd is None:
         return False
+    import hashlib  # here: hashlib (OpenSSL) stays off the run path (tests/test_startup.py)
+
     digest, inflate = hashlib.new(algorithm), zlib.decompressobj()
     try:
         while chunk := os.read(fd, READ_CHUNK):
@@ -276,6 +276,8 @@ def _packs(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[tuple[st
 def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str) -> bool:
     """Whether the pack index ``idx`` maps each object name to the offset that the host's
     ``git index-pack`` finds it at in ``pack`` (it inflates and hashes every object)."""
+    import tempfile  # here: tempfile loads random, off the run path (tests/test_startup.py)
+
     git = shutil.which("git")
     try:
         said = _pack_index(tree.read(idx, INDEX_CAP) or b"")
