@@ -40,12 +40,12 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from . import discover, fsops, gitconfig, gitredirect, gitstate, repos
 from .fswalk import join, move, walk
 from .guard import Finding
+from .record import Record, field
 
 __all__ = ["INERT", "Action", "Auditor", "Census", "census_of_findings", "census_of_tree"]
 
@@ -86,8 +86,7 @@ class Action(NamedTuple):
         return {k: v for k, v in self._asdict().items() if v is not None}
 
 
-@dataclass(slots=True)
-class Census:
+class Census(Record):
     """The writable trees at launch, as the audit compares them."""
 
     trees: tuple[tuple[str, tuple[int, int] | None], ...]  # (top, whose they are)

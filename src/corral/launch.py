@@ -29,12 +29,12 @@ import stat
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import bwrap, cinit, fsops, tty
 from .bwrap import Data, HostFile, PathHandle, Sandbox
 from .errors import HostError, LaunchError
+from .record import Record, field
 
 if TYPE_CHECKING:
     from .cgroups import RunCgroup
@@ -50,8 +50,7 @@ LIMIT_STATUSES = ("timeout", "output-limit", "disk-limit")  # corral ended the r
 CORRAL_FAILED = 125  # the exit status of a run corral could not set up or see through
 
 
-@dataclass(slots=True)
-class Outcome:
+class Outcome(Record):
     """What happened to one run, before the workspace is looked at."""
 
     status: str  # exited, signaled, timeout, output-limit, disk-limit, error (oom: see api)
