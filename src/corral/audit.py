@@ -40,12 +40,11 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import NamedTuple
 
 from . import discover, fsops, gitconfig, gitredirect, gitstate, repos
 from .fswalk import join, move, walk
 from .guard import Finding
-from .record import Record, field
+from .record import NamedTuple, Record, field
 
 __all__ = ["INERT", "Action", "Auditor", "Census", "census_of_findings", "census_of_tree"]
 

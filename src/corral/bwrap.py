@@ -34,9 +34,9 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
-from .record import Record, field
+from .record import NamedTuple, Record, field
 
 __all__ = [
     "CINIT_PATH",
