@@ -408,3 +408,16 @@ def test_a_secret_a_home_file_links_to_stays_hidden(who: Identity, lab: Lab) -> 
         assert lab.token in ctl.stdout
     finally:
         link.unlink()
+
+
+def test_dev_is_read_only_at_the_mount(who: Identity, lab: Lab) -> None:
+    """bwrap's /dev tmpfs, the payload's own when a plain user starts corral, is remounted
+    read-only with the hidden trees: no chmod of it, no entry made in it (Landlock does
+    not cover chmod, and was the only refusal of new entries) (redteam)."""
+    script = "chmod 0777 /dev; mkdir /dev/corral-x; echo ok > /dev/null && echo done"
+    r = agent(who, lab, script)
+    assert r.stdout.endswith("done\n"), r
+    assert r.stderr.count("Read-only file system") == 2, r.stderr
+    # Negative control: the seed's sandbox, as the same identity, takes the chmod.
+    ctl = naive(who, lab, "chmod 0777 /dev && stat -c %a /dev")
+    assert ctl.returncode == 0 and ctl.stdout == "777\n", ctl

@@ -8,6 +8,7 @@ from typing import cast
 import pytest
 
 from corral.bwrap import (
+    DEV_SEAL,
     ROOT_SEAL,
     Mount,
     RemountRo,
@@ -43,7 +44,7 @@ BASE = Sandbox(
         tmp_bytes=1000,
         shm_bytes=500,
     )),
-    seal=(ROOT_SEAL,),
+    seal=(DEV_SEAL, ROOT_SEAL),
     env=(("PATH", "/usr/bin"), ("HOME", "/work")),
 )
 
@@ -75,6 +76,7 @@ def test_user_mode_argv_is_exact() -> None:
         "--perms", "0444", "--file", "14", "/etc/passwd",
         "--perms", "0755", "--dir", "/run/corral",
         "--perms", "0444", "--ro-bind-data", "15", "/run/corral/init.py",
+        "--remount-ro", "/dev",  # bwrap's /dev tmpfs, then
         "--remount-ro", "/",  # the seal: the root tmpfs, copies and all, read-only last
         "--clearenv",  # the payload's variables go to the init's config: init_config()
         "--chdir", "/",

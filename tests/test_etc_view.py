@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Identity, raw_bwrap
+from conftest import Identity, raw_bwrap, raw_bwrap_argv
 from corral import fsops, resolve
 
 COPIED = ("/etc/services", "/etc/protocols", "/etc/nsswitch.conf", "/etc/ld.so.cache")
@@ -48,6 +48,22 @@ def test_root_and_etc_are_read_only_at_the_mount(who: Identity, bwrap: str) -> N
     ctl = raw_bwrap(bwrap, ["--dir", "/etc"],
                     ["/bin/sh", "-c", "echo pwn > /etc/corral-x && cat /etc/corral-x"])
     assert ctl.returncode == 0 and ctl.stdout == "pwn\n", ctl.stderr
+
+
+def test_dev_is_read_only_at_the_mount(who: Identity, bwrap: str) -> None:
+    """bwrap's /dev tmpfs was the last scaffolding left writable at the mount: started by
+    a plain user the payload's own directory, which it could chmod (Landlock does not
+    cover that) and where only Landlock refused new entries (redteam).  The device nodes,
+    /dev/shm and /dev/pts keep their own flags."""
+    script = ("chmod 0777 /dev; mkdir /dev/corral-x; ln -s /x /dev/corral-y; "
+              "echo ok > /dev/null && echo ok > /dev/shm/x && echo done")
+    r = who.corral_json("--", "/bin/sh", "-c", script)
+    assert r["exit_code"] == 0 and r["stdout"] == "done\n", r
+    assert r["stderr"].count("Read-only file system") == 3, r["stderr"]
+    # Negative control: the same attempt under bwrap's own /dev, as the same identity.
+    ctl = who.run(raw_bwrap_argv(bwrap, [], ["/bin/sh", "-c", "chmod 0777 /dev && "
+                                             "stat -c %a /dev"]))
+    assert ctl.returncode == 0 and ctl.stdout == "777\n", ctl
 
 
 def test_only_small_root_owned_world_readable_files_are_copied(tmp_path: Path) -> None:

@@ -163,6 +163,7 @@ def test_agent_mounts_order() -> None:
         "--perms", "0444", "--ro-bind-data", "9", "/home/u/dev/p/.env",
         "--ro-bind-fd", "10", "/home/u/dev/p/.git/hooks",
         "--remount-ro", "/home",
+        "--remount-ro", "/dev",  # bwrap's /dev tmpfs, the payload's own for a plain user
     ]
 
 

@@ -321,54 +321,63 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
     cg_plan = enforce.check(policy, facts)  # fail closed before anything is created
-    cinit.choice()
+    init = cinit.choice()  # once per run: resolve_agent is handed the answer
+    resolve.probe_ptys(policy, facts, init)  # answered by the time resolve_agent asks
     runs = runs_dir or workspace.default_runs_dir()
     # What runs whose corral was SIGKILLed left unaudited, before this scan takes it in.
     actions: list[audit.Action] = pending.recover(runs)
+    # The CLI's proxy process, forked now: it imports the proxy while the run is prepared
+    # (no name allowed: not even egress.session is imported).
+    early = egress.prefork(policy.network, cpu_share=policy.limits.cpus) \
+        if policy.network.allow else None
     try:
-        sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env,
-                                         prepare=True, import_state=import_state)
-    except CorralError as e:
-        e.notes = tuple(a.line() for a in actions)
-        raise
-    if announce is not None:
-        announce(sb, layout)
-    run_dir = workspace.record_dir(runs_dir or workspace.default_runs_dir(), layout.project) \
-        if record else None
-    entry: dict[str, Any] = {
-        "command": list(cmd), "profile": policy.name, "project": layout.project,
-        "uid": sb.uid, "gid": sb.gid, "status": "running", "init": _init_name(sb),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    if run_dir is not None:
-        entry["run_id"] = run_dir.run_id
-        workspace.write_record(run_dir.record_path, entry)
-    owner = (sb.uid, sb.gid) if facts.is_root else None
-    census = audit.census_of_findings(  # the user's trees; not corral's copy of the state
-        [(e.path, owner) for e in layout.writable if e.kind == "dir" and not e.source],
-        layout.findings, audit.protected_names(policy.protect), layout.hooks)
-    quarantine = workspace.quarantine(
-        run_dir.root if run_dir else None, runs, layout.project)
-    run_id = run_dir.run_id if run_dir else workspace.new_run_id()
-    owed = pending.owe(runs, run_id, census, run_dir.root if run_dir else None,
-                       [e.path for e in layout.writable])
-    try:
-        with audit.audited(census, quarantine, actions):
-            limited, denials, entry["egress_log"] = _execute(
-                sb, policy, facts, cg_plan, run_id, layout.project,
-                run_dir.root if run_dir else None, capture, stdin)
-    except BaseException as e:
-        raise _unwound(e, entry, run_dir.record_path if run_dir else None, actions) from None
+        try:
+            sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env,
+                                             prepare=True, import_state=import_state, init=init)
+        except CorralError as e:
+            e.notes = tuple(a.line() for a in actions)
+            raise
+        if announce is not None:
+            announce(sb, layout)
+        run_dir = workspace.record_dir(runs_dir or workspace.default_runs_dir(), layout.project) \
+            if record else None
+        entry: dict[str, Any] = {
+            "command": list(cmd), "profile": policy.name, "project": layout.project,
+            "uid": sb.uid, "gid": sb.gid, "status": "running", "init": _init_name(sb),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        if run_dir is not None:
+            entry["run_id"] = run_dir.run_id
+            workspace.write_record(run_dir.record_path, entry)
+        owner = (sb.uid, sb.gid) if facts.is_root else None
+        census = audit.census_of_findings(  # the user's trees; not corral's copy of the state
+            [(e.path, owner) for e in layout.writable if e.kind == "dir" and not e.source],
+            layout.findings, audit.protected_names(policy.protect), layout.hooks)
+        quarantine = workspace.quarantine(
+            run_dir.root if run_dir else None, runs, layout.project)
+        run_id = run_dir.run_id if run_dir else workspace.new_run_id()
+        owed = pending.owe(runs, run_id, census, run_dir.root if run_dir else None,
+                           [e.path for e in layout.writable])
+        try:
+            with audit.audited(census, quarantine, actions):
+                limited, denials, entry["egress_log"] = _execute(
+                    sb, policy, facts, cg_plan, run_id, layout.project,
+                    run_dir.root if run_dir else None, capture, stdin, early=early)
+        except BaseException as e:
+            raise _unwound(e, entry, run_dir.record_path if run_dir else None, actions) from None
+        finally:
+            pending.settle(owed)  # audited by now, however the run ended
+        result = _result(limited, denials, cg_plan, actions, workspace=layout.project,
+                         record=run_dir.record_path if run_dir else "",
+                         run_id=run_dir.run_id if run_dir else "")
+        if run_dir is not None:
+            workspace.write_record(run_dir.record_path, {
+                **entry, **result.to_json(), "limits": limited.record,
+                "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        return result
     finally:
-        pending.settle(owed)  # audited by now, however the run ended
-    result = _result(limited, denials, cg_plan, actions, workspace=layout.project,
-                     record=run_dir.record_path if run_dir else "",
-                     run_id=run_dir.run_id if run_dir else "")
-    if run_dir is not None:
-        workspace.write_record(run_dir.record_path, {
-            **entry, **result.to_json(), "limits": limited.record,
-            "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
-    return result
+        if early is not None:
+            early.discard()
 
 
 def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan,
@@ -386,16 +395,17 @@ def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan
 
 def _execute(sb: Sandbox, policy: Policy, facts: host.HostFacts, cg_plan: Plan, run_id: str,
              measured: str, record_dir: str | None, capture: bool, stdin: bytes | None,
-             image: Image | None = None, disk_why: str = ""
+             image: Image | None = None, disk_why: str = "", early: Any = None
              ) -> tuple[Limited, tuple[dict[str, Any], ...], str | None]:
     """Launch ``sb`` with its egress session and its limits; both are closed on return.
 
     ``measured`` is the directory whose growth counts against the disk limit
     (``image``, when given, is its file system; see :func:`corral.enforce.launch_limited`).
     Returns the limited outcome, the egress denials and the egress log's path.
+    ``early``: the run's egress.prefork() session, if any.
     """
-    net = egress.open_session(policy.network, record_dir, cpu_share=policy.limits.cpus) \
-        if policy.network.allow else egress.NoEgress()
+    net = egress.open_session(policy.network, record_dir, cpu_share=policy.limits.cpus,
+                              early=early) if policy.network.allow else egress.NoEgress()
     with net:
         # A proxy thread, and bwrap started by forking this process (a Python preexec_fn):
         # wait for the thread first, since a fork mid-import would leave its locks held.

@@ -40,6 +40,7 @@ from .record import NamedTuple, Record, field
 
 __all__ = [
     "CINIT_PATH",
+    "DEV_SEAL",
     "INIT_PATH",
     "ROOT_SEAL",
     "Data",
@@ -332,6 +333,11 @@ PROC_EMPTIED = ("/proc/keys", "/proc/key-users")
 # its own flags).  Started by a plain user, that tmpfs and the directories bwrap makes on
 # it are the user's own; without this only Landlock refused a write to / or /etc.
 ROOT_SEAL = RemountRo("/")
+# bwrap's /dev tmpfs read-only once /dev/shm, /dev/pts and the device nodes are bound on
+# it (each keeps its own flags).  Started by a plain user it is the payload's own
+# directory, writable at the mount: the payload could chmod it, and only Landlock stopped
+# new entries there.  In every sandbox's seal, run mode and agent mode alike.
+DEV_SEAL = RemountRo("/dev")
 PTS_TMPFS_BYTES = 4096
 
 

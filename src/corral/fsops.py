@@ -129,6 +129,11 @@ class Tree:
         fd = self._regular(rel, os.O_RDONLY)
         return None if fd is None else _read_capped(fd, cap, self.path(rel))
 
+    def open_regular(self, rel: str) -> int | None:
+        """``rel`` opened for reading if it is a regular file (see :meth:`read`), else None;
+        the caller closes it.  For a file read in parts (a git object, hashed as a stream)."""
+        return self._regular(rel, os.O_RDONLY)
+
     def _regular(self, rel: str, flags: int) -> int | None:
         """``rel`` opened with ``flags`` if it is a regular file, else None.
 

@@ -19,6 +19,22 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
   next push sends them unreviewed.  These refs are a cache of the remote, which
   ``git fetch`` restores: one made or changed during the run goes (the packed value
   from the launch, if any, is what git sees again);
+* ``rr-cache/*/postimage`` (and its ``preimage``): rerere, on in any repository that has
+  ``rr-cache``, answers a conflict it has seen with the recorded resolution, so the user's
+  next ``git merge`` on the host writes the agent's text into the file and reports it
+  "Resolved using previous resolution";
+* a loose object (``objects/XX/...``) whose content does not hash to its name: git reads
+  loose objects unchecked (only ``git fsck`` sees the "hash-path mismatch"), so an agent
+  that rewrites the blob of a committed file with its own edit makes ``git diff`` show
+  nothing, ``git show`` and ``git log -p`` show its text as the commit's, and
+  ``git checkout``/``git restore`` of the file write its text back;
+* a pack whose ``.idx`` lies (``objects/pack/pack-*.idx``): git looks objects up in packs
+  before loose ones, through the index, unchecked, so an index that names the blob of a
+  committed file for the agent's text does what a forged loose object does.  A pack or
+  index made or changed during the run is indexed afresh by the host's own
+  ``git index-pack`` (as the tree's owner, outside any repository, no config), and an
+  index that does not say what that one says goes; the caches git does without and reads
+  unchecked (``multi-pack-index``, ``*.bitmap``, ``*.rev``) go when made or changed;
 * grafts by other names: ``shallow`` cuts the parents of the commits it lists, and
   ``objects/info/commit-graph`` (or a ``commit-graphs/`` chain), whose parents and trees
   git reads before the objects and never checks against them, says what its writer chose.
@@ -26,7 +42,8 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
 Little of it is written by an agent's ordinary work (git itself never writes the legacy
 remotes, grafts or alternates but at ``git clone --shared``, replace refs only at
 ``git replace``, ``shallow`` only at a shallow fetch; a commit-graph is a cache that
-``git gc`` writes and git does without; remote-tracking refs are moved by a fetch or a
+``git gc`` writes and git does without; ``rr-cache`` is a cache of resolutions that git
+records only where rerere is on; remote-tracking refs are moved by a fetch or a
 push, and a later ``git fetch`` on the host brings them back), so :func:`planted` names
 each such file made or changed during the run; the audit quarantines it.  A
 ``packed-refs`` changed during the run that holds replace or remote-tracking refs is
@@ -36,8 +53,15 @@ Reads go through :mod:`corral.fsops`.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
+import shutil
 import stat
+import struct
+import subprocess
+import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 
 from . import fsops, gitconfig, gitindex
@@ -54,10 +78,26 @@ REPLACED = ("git log, show, diff and checkout would show another {} than the one
 GRAPH = ("a commit-graph: git reads commits' parents and trees from it, unchecked, and "
          f"{REPLACED.format('history')}; git does without it, and rebuilds it with "
          "`git commit-graph write --reachable`")
+RERERE = ("a recorded conflict resolution: host git's next merge, rebase or cherry-pick that "
+          "meets the same conflict writes the agent's resolution into the file and says "
+          "it was resolved (rerere is on wherever rr-cache exists)")
 REMOTE = ("a remote-tracking ref: moved, `git log origin/main..` and `git status` would "
           "hide commits the next `git push` sends; `git fetch` brings it back")
 UNSEEN = ("the index marks files that git status and git diff would not look at "
           "(assume-unchanged, skip-worktree), so a change there goes unreviewed")
+FORGED = ("a loose object whose content is not what its name says (git fsck: hash-path "
+          "mismatch): git reads it unchecked, so git diff, show and checkout would give "
+          "its text for what the commit holds")
+LYING = ("a pack index that does not say what git index-pack finds in its pack: git "
+         "reads objects through it unchecked, so git diff, show and checkout would give "
+         "other content than the commit holds")
+PACK_CACHE = ("an index of packs that git reads unchecked and does without (`git repack "
+              "-d` or `git multi-pack-index write` rebuilds it)")
+INDEX_CAP = 1 << 30  # bytes of a pack index read to compare (28 bytes an object)
+INDEX_PACK_S = 600  # a changed pack's re-indexing; a pack it cannot index in that time goes
+HEX = frozenset("0123456789abcdef")
+HASHES = {38: "sha1", 62: "sha256"}  # a loose object's name after its folder's two digits
+READ_CHUNK = 1 << 14  # inflated, at most ~16 MiB a part
 TRUE = ("true", "yes", "on", "1", "")
 CONFIG_CAP = 1 << 20
 REPLACE = "refs/replace"
@@ -85,9 +125,12 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed
                         ("branches", f"a legacy remote: {LEGACY}"),
                         (REPLACE, f"a replace ref: {REPLACED.format('commit')}"),
                         ("objects/info/commit-graphs", GRAPH),
-                        ("refs/remotes", REMOTE)):
+                        ("refs/remotes", REMOTE),
+                        ("rr-cache", RERERE)):
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
     yield from _index(tree, gitdir, changed)
+    yield from ((rel, FORGED, None) for rel in _loose(tree, gitdir, changed))
+    yield from ((rel, why, None) for rel, why in _packs(tree, gitdir, changed))
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
     if verdict is not None:
@@ -151,6 +194,174 @@ def _index(tree: fsops.Tree, gitdir: str, changed: Changed
         names = ", ".join(p.decode(errors="replace") for p in found[1][:5])
         more = f" and {len(found[1]) - 5} more" if len(found[1]) > 5 else ""
         yield rel, f"{UNSEEN}: {names}{more}", found[0]
+
+
+def _loose(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[str]:
+    """Loose objects made or changed during the run that are not what their names say:
+    anything but a regular file (git follows a link there; corral does not), or one whose
+    inflated bytes do not hash to its name.  A folder made a link is taken whole."""
+    top = f"{gitdir}/objects"
+    st, link = _reach(tree, gitdir, "objects", changed)
+    if link or st is None or not stat.S_ISDIR(st.st_mode):
+        if link or changed(st):  # a link the launch held is the user's own: left alone
+            yield link or top
+        return
+    for folder in tree.scandir(top, stats=True):
+        if len(folder.name) != 2 or not set(folder.name) <= HEX:
+            continue
+        rel = f"{top}/{folder.name}"
+        try:
+            entries = tree.scandir(rel, stats=True) if folder.kind == "dir" else None
+        except OSError:  # locked during the run: corral cannot check it, all of it goes
+            entries = None
+        if entries is None:
+            if changed(folder.st):
+                yield rel
+            continue
+        for e in entries:
+            algorithm = HASHES.get(len(e.name))
+            if algorithm is None or not set(e.name) <= HEX or not changed(e.st):
+                continue  # git's own temporary files (tmp_obj_*) are never read as objects
+            if e.kind != "file" or not _hashes_to(tree, f"{rel}/{e.name}", algorithm,
+                                                  folder.name + e.name):
+                yield f"{rel}/{e.name}"
+
+
+def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str) -> bool:
+    """Whether the loose object ``rel`` inflates, whole, to bytes whose hash is ``name``
+    (read and hashed a part at a time: a large blob costs no memory)."""
+    fd = tree.open_regular(rel)
+    if fd is None:
+        return False
+    digest, inflate = hashlib.new(algorithm), zlib.decompressobj()
+    try:
+        while chunk := os.read(fd, READ_CHUNK):
+            digest.update(inflate.decompress(chunk))
+            if inflate.eof:
+                break
+        digest.update(inflate.flush())
+        ok = inflate.eof and not inflate.unused_data and not os.read(fd, 1)
+    except (OSError, zlib.error):
+        return False
+    finally:
+        os.close(fd)
+    return ok and digest.hexdigest() == name
+
+
+def _packs(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[tuple[str, str]]:
+    """``objects/pack`` entries made or changed during the run that git would read and
+    corral cannot vouch for: a lying pack index (see :func:`_index_says_what_git_finds`),
+    and the unchecked caches beside them."""
+    top = f"{gitdir}/objects/pack"
+    st, link = _reach(tree, gitdir, "objects/pack", changed)
+    if link or st is None or not stat.S_ISDIR(st.st_mode):
+        if link or changed(st):
+            yield link or top, LYING
+        return
+    entries = {e.name: e for e in tree.scandir(top, stats=True)}
+    for name, e in sorted(entries.items()):
+        rel = f"{top}/{name}"
+        if name == "multi-pack-index" or name.endswith((".bitmap", ".rev")):
+            if changed(e.st):
+                yield rel, PACK_CACHE
+        elif name.startswith("pack-") and name.endswith(".idx"):
+            pack = entries.get(name[:-4] + ".pack")
+            if pack is None or not (changed(e.st) or changed(pack.st)):
+                continue  # git reads no index without its pack
+            if e.kind != "file" or pack.kind != "file" or not _index_says_what_git_finds(
+                    tree, rel, f"{top}/{pack.name}"):
+                yield rel, LYING
+
+
+def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str) -> bool:
+    """Whether the pack index ``idx`` maps each object name to the offset that the host's
+    ``git index-pack`` finds it at in ``pack`` (it inflates and hashes every object)."""
+    git = shutil.which("git")
+    try:
+        said = _pack_index(tree.read(idx, INDEX_CAP) or b"")
+    except OSError:
+        return False
+    fd = tree.open_regular(pack)
+    if git is None or said is None or fd is None:
+        if fd is not None:
+            os.close(fd)
+        return False
+    fmt = "sha256" if any(len(name) == 32 for name in said) else "sha1"
+    uid, gid = tree.owner or (os.getuid(), os.getgid())
+    scratch = tempfile.mkdtemp(prefix="corral-index-pack-")
+    try:
+        if os.getuid() != uid:
+            os.chown(scratch, uid, gid)
+        out = os.path.join(scratch, "fresh.idx")
+        env = {"PATH": os.defpath, "HOME": scratch, "GIT_CONFIG_NOSYSTEM": "1",
+               "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CEILING_DIRECTORIES": "/",
+               "LC_ALL": "C"}
+        as_owner: dict[str, object] = (
+            {"user": uid, "group": gid, "extra_groups": []} if os.getuid() != uid else {})
+        done = subprocess.run(
+            [git, "index-pack", f"--object-format={fmt}", "-o", out, f"/proc/self/fd/{fd}"],
+            cwd=scratch, env=env,
+            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, timeout=INDEX_PACK_S, check=False,
+            **as_owner)  # type: ignore[call-overload]
+        if done.returncode != 0:
+            return False
+        with open(out, "rb") as f:
+            found = _pack_index(f.read(INDEX_CAP + 1))
+        return found is not None and found == said
+    except (OSError, subprocess.SubprocessError):
+        return False
+    finally:
+        os.close(fd)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _pack_index(data: bytes) -> dict[bytes, int] | None:
+    """A pack index's object names and offsets (version 1 or 2, SHA-1 or SHA-256: the
+    hash size is what makes the file's length add up); None for anything else."""
+    if len(data) > INDEX_CAP:
+        return None
+    if data[:4] != b"\377tOc":  # version 1: a fan-out, then (offset, name) pairs
+        if len(data) < 1024:
+            return None
+        count = struct.unpack_from(">I", data, 1020)[0]
+        for size in (20, 32):
+            if len(data) == 1024 + count * (4 + size) + 2 * size:
+                pairs = [(data[at + 4:at + 4 + size], struct.unpack_from(">I", data, at)[0])
+                         for at in range(1024, 1024 + count * (4 + size), 4 + size)]
+                return _sorted_once(pairs)
+        return None
+    if len(data) < 1032 or struct.unpack_from(">I", data, 4)[0] != 2:
+        return None
+    count = struct.unpack_from(">I", data, 1028)[0]
+    for size in (20, 32):
+        names_at = 1032
+        offsets_at = names_at + count * size + count * 4
+        large_at = offsets_at + count * 4
+        if large_at + 2 * size > len(data):
+            continue
+        small = struct.unpack_from(f">{count}I", data, offsets_at)
+        large = sum(1 for o in small if o & 0x80000000)
+        if large_at + 8 * large + 2 * size != len(data):
+            continue
+        pairs = []
+        for i, o in enumerate(small):
+            if o & 0x80000000:
+                at = large_at + 8 * (o & 0x7FFFFFFF)
+                if at + 8 > large_at + 8 * large:
+                    return None
+                o = struct.unpack_from(">Q", data, at)[0]
+            pairs.append((data[names_at + i * size:names_at + (i + 1) * size], o))
+        return _sorted_once(pairs)
+    return None
+
+
+def _sorted_once(pairs: list[tuple[bytes, int]]) -> dict[bytes, int] | None:
+    """The pairs as a map, if their names are strictly ascending (as git writes them and
+    its binary search needs: a name listed twice could be found at either offset)."""
+    if any(a[0] >= b[0] for a, b in itertools.pairwise(pairs)):
+        return None
+    return dict(pairs)
 
 
 def _sparse(tree: fsops.Tree, gitdir: str) -> bool:

@@ -27,6 +27,7 @@ import shlex
 import signal
 import stat
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,7 @@ ERROR_CAP = 1 << 16
 KILL_GRACE_S = 30.0  # after SIGKILL, how long to wait for bwrap to go before giving up
 LIMIT_STATUSES = ("timeout", "output-limit", "disk-limit")  # corral ended the run
 CORRAL_FAILED = 125  # the exit status of a run corral could not set up or see through
+_FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
 class Outcome(Record):
@@ -225,8 +227,10 @@ class Launch:
         config_fd = self.handles.fd(Data("init-config", encoded))
         ops = bwrap.build_ops(self.sb, status_fd=json_w)
         words = bwrap.render(ops, self.handles)
-        # os.fsencode: a path from the project may not be UTF-8; it must reach bwrap as is.
-        args_fd = memfd("args", b"".join(os.fsencode(w) + b"\0" for w in words))
+        # os.fsencode's codec: a path from the project may not be UTF-8; it must reach bwrap
+        # as is.  One encode of the joined words (what fsencode gives word by word).
+        args = "".join(w + "\0" for w in words).encode(_FS_ENCODING, _FS_ERRORS)
+        args_fd = memfd("args", args)
         self.fds.append(args_fd)
         argv = [self.bwrap_path, "--args", str(args_fd), "--", *bwrap.command(self.sb, config_fd)]
         # json_r too: bwrap writes --json-status-fd before it lets its sandbox child go on,

@@ -187,13 +187,66 @@ class ChildMounts:
                               self.devpts), "mount devpts")
 
 
-@functools.cache
+# can_mount_devpts's answers, per own_userns: the host does not change its mind under a
+# running process.  A probe begun ahead (probe_devpts) is reaped by whoever asks first.
+_DEVPTS: dict[bool, bool] = {}
+_DEVPTS_PENDING: dict[bool, int] = {}
+PROBE_COMMAND = "/bin/true"  # what the background probe's joiner execs once it mounted
+
+
 def can_mount_devpts(own_userns: bool) -> bool:
     """Whether :meth:`ChildMounts.step` can mount a bounded devpts here (tried once, in a
-    throwaway child: AppArmor, for one, may forbid a plain user's user namespaces)."""
+    throwaway child: AppArmor, for one, may forbid a plain user's user namespaces).
+
+    The child is the one :func:`probe_devpts` began, if any (its answer is waited for
+    here), else a fork of this process tried now.  Any failure means no: the sandbox
+    then gets no pseudo-terminals at all, never the host's unbounded devpts."""
+    if (known := _DEVPTS.get(own_userns)) is not None:
+        return known
+    pid = _DEVPTS_PENDING.pop(own_userns, None)  # atomic: one caller reaps it
+    if pid is not None:
+        answer = _reaped(pid) == 0
+    else:
+        mounts = ChildMounts(own_userns=own_userns)
+        mounts.bounded_devpts(1)
+        answer = _in_child(mounts.step)
+    _DEVPTS[own_userns] = answer
+    return answer
+
+
+def probe_devpts(own_userns: bool, binary: str | None) -> None:
+    """Begin :func:`can_mount_devpts`'s trial in the background, so that a run's launcher
+    does not wait for it (a fork of this process, a namespace made and torn down: 2-4 ms).
+
+    ``binary`` is the run's compiled init: its ``--join`` mode makes the same mounts the
+    launch will (corral.cinit.join_prefix), spawned without copying this process, then
+    execs :data:`PROBE_COMMAND`; its exit status is the answer.  Without the compiled init
+    (or that command), nothing is begun and can_mount_devpts forks as before."""
+    if (binary is None or own_userns in _DEVPTS or own_userns in _DEVPTS_PENDING
+            or not os.access(PROBE_COMMAND, os.X_OK)):
+        return
+    from . import cinit
+
     mounts = ChildMounts(own_userns=own_userns)
     mounts.bounded_devpts(1)
-    return _in_child(mounts.step)
+    args, _ = mounts.joiner_args()
+    argv = [*(cinit.join_prefix(binary, [], args) or []), PROBE_COMMAND]
+    quiet = [(os.POSIX_SPAWN_OPEN, fd, os.devnull, os.O_RDWR, 0) for fd in (0, 1, 2)]
+    try:
+        pid = os.posix_spawn(binary, argv, {}, file_actions=quiet)
+    except OSError:
+        return  # can_mount_devpts tries it itself
+    _DEVPTS_PENDING[own_userns] = pid
+
+
+def _reaped(pid: int) -> int:
+    while True:
+        try:
+            return os.waitpid(pid, 0)[1]
+        except InterruptedError:
+            continue
+        except ChildProcessError:  # reaped by someone else: no answer, so no
+            return -1
 
 
 def _in_child(step: Callable[[], None]) -> bool:

@@ -106,7 +106,9 @@ def passed(names: Sequence[str], environ: Mapping[str, str]) -> list[tuple[str, 
     """The variables of ``environ`` that ``names`` pass: exact names, or ``PREFIX_*``."""
     prefixes = tuple(n[:-1] for n in names if n.endswith("*"))
     exact = [(n, environ[n]) for n in names if not n.endswith("*") and n in environ]
-    return exact + [(k, v) for k, v in environ.items() if prefixes and k.startswith(prefixes)]
+    if not prefixes:  # not a walk of (and a decode of) the whole environment every run
+        return exact
+    return exact + [(k, v) for k, v in environ.items() if k.startswith(prefixes)]
 
 
 def _positive(obj: object, names: tuple[str, ...]) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from . import cinit, discover, fsops, interp, seccomp
-from .bwrap import ROOT_SEAL, Mount, Sandbox, run_mounts
+from .bwrap import DEV_SEAL, ROOT_SEAL, Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
 from .interp import INTERPRETER, check_prefix, prefix_of, which_command
@@ -278,6 +278,15 @@ def init_config(policy: Policy, host: HostFacts, uid: int, gid: int,
     }
 
 
+def probe_ptys(policy: Policy, host: HostFacts, init: str | None = None) -> None:
+    """Begin learning :func:`pty_bound`'s answer in the background, where the run wants
+    ptys (corral.mountns.probe_devpts); ``init`` as for :func:`compiled_init`."""
+    if policy.limits.ptys:
+        from .mountns import probe_devpts
+
+        probe_devpts(not host.is_root, compiled_init(init))
+
+
 def pty_bound(policy: Policy, host: HostFacts) -> int:
     """How many pseudo-terminals the sandbox gets: the policy's ``ptys`` where bwrap's child
     can mount a devpts of that size (root; a plain user who may make a user namespace),
@@ -349,7 +358,7 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
             _identity_files(uid, gid), policy.limits.tmp_bytes, policy.limits.shm_bytes,
             modes, masks, ptys)),
         env=_environment(policy, path, extra_env),
-        seal=(ROOT_SEAL,),
+        seal=(DEV_SEAL, ROOT_SEAL),
         chdir=WORKDIR,
         seccomp=program,
         ptys=ptys,

@@ -382,8 +382,12 @@ def _readlink(dir_fd: int, name: str) -> str | None:
 
 
 def write_record(path: str, record: dict[str, Any]) -> None:
-    """Write the run record atomically: a reader sees the old one or the new one."""
-    data = (json.dumps(record, indent=2, sort_keys=True) + "\n").encode()
+    """Write the run record atomically: a reader sees the old one or the new one.
+
+    One line of JSON: json's C encoder serves only ``indent=None``, and a record is written
+    twice a run (the indented form cost ~0.3 ms each in pure Python); ``corral show`` and
+    ``jq`` print it indented."""
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
     tmp = f"{path}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:

@@ -16,7 +16,8 @@ read-only and secret-looking files appear empty.
  5. writable paths by descriptor, parents before children (state, then the project)
  6. inside writable trees: git directories pinned, protected paths read-only,
     secrets emptied; every destination re-checked just before launch
- 7. the hidden trees made read-only (they had to be writable to create mount points)
+ 7. the hidden trees made read-only (they had to be writable to create mount points),
+    and bwrap's ``/dev`` (the payload's own tmpfs, started by a plain user)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import NamedTuple
 
 from .. import discover, fsops, guard, interp, program, repos, resolve
 from ..bwrap import (
+    DEV_SEAL,
     BindFd,
     Data,
     Op,
@@ -144,8 +146,10 @@ def agent_mounts(layout: Layout) -> list[Op]:
 
 
 def agent_seal(layout: Layout) -> list[Op]:
-    """Step 7: the emptied trees made read-only, once corral's init file is in place."""
-    return [RemountRo(tree) for tree in reversed(layout.hidden_trees) if tree not in SCRATCH]
+    """Step 7: the emptied trees made read-only, once corral's init file is in place, and
+    bwrap's /dev (see corral.bwrap.DEV_SEAL)."""
+    return [*(RemountRo(tree) for tree in reversed(layout.hidden_trees) if tree not in SCRATCH),
+            DEV_SEAL]
 
 
 def _finding_ops(findings: Sequence[Finding]) -> Iterator[Op]:
@@ -309,12 +313,14 @@ def _environment(policy: Policy, home: str, user: str, path: str,
 
 def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project: str,
                   extra_env: Sequence[tuple[str, str]] = (), *, prepare: bool = False,
-                  import_state: bool = False) -> tuple[Sandbox, Layout]:
+                  import_state: bool = False, init: str | None = None
+                  ) -> tuple[Sandbox, Layout]:
     """The sandbox for ``corral agent`` or ``corral shell`` in ``project``.
 
     With ``prepare``, corral's copy of the agent's state is made (and imported into on
     first use or with ``import_state``) and its credentials refreshed; without, nothing
-    is created (``--dry-run``).
+    is created (``--dry-run``).  ``init``: the run's corral.cinit.choice(), when the
+    caller made it already.
     """
     disable_userns = resolve.check_host(policy, host)
     # The launcher's own home first, then (started by root) the agent's.
@@ -369,7 +375,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         argv=(found, *argv[1:]),
         init_python=host.python,
         init_source=resolve.init_source(),
-        init_binary=resolve.compiled_init(),
+        init_binary=resolve.compiled_init(init),
         init_config=config, init_shielded=resolve.init_shielded(config, host),
         root_mode=host.is_root, uid=uid, gid=gid, disable_userns=disable_userns,
         mounts=tuple(agent_mounts(layout)),

@@ -24,18 +24,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["Bridge", "Decision", "NoEgress", "Rules", "Session", "attach", "compile_rules",
-           "fork_proxies", "open_session", "plan_bridge", "proxy_env"]
+           "fork_proxies", "open_session", "plan_bridge", "prefork", "proxy_env"]
 
 FORK_PROXIES = False  # see fork_proxies
 
 _WHERE = {"Decision": "rules", "Rules": "rules", "compile_rules": "rules",
           "Bridge": "session", "NoEgress": "off", "Session": "session", "attach": "session",
-          "open_session": "session", "plan_bridge": "session", "proxy_env": "session"}
+          "open_session": "session", "plan_bridge": "session", "prefork": "session",
+          "proxy_env": "session"}
 
 if TYPE_CHECKING:
     from .off import NoEgress
     from .rules import Decision, Rules, compile_rules
-    from .session import Bridge, Session, attach, open_session, plan_bridge, proxy_env
+    from .session import Bridge, Session, attach, open_session, plan_bridge, prefork, proxy_env
 
 
 def __getattr__(name: str) -> Any:

@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # asyncio costs ~15 ms to import: only a run that allows a na
     from .proxy import Proxy, Resolver
 
 __all__ = ["BRIDGE_PATH", "BRIDGE_PORT", "Bridge", "NoEgress", "Session", "attach",
-           "open_session", "plan_bridge", "proxy_env"]
+           "open_session", "plan_bridge", "prefork", "proxy_env"]
 
 BRIDGE_PATH = "/run/corral/bridge.py"  # beside the init (bwrap.INIT_PATH)
 LOG_NAME = "egress.jsonl"
@@ -173,6 +173,32 @@ class Session:
                                        name="corral-egress", daemon=True)
         self.thread.start()  # from here on, ours and the log are the thread's to close
         return self
+
+    def begin(self, record_dir: str | None) -> Session:
+        """Start a session made by :func:`prefork`: its log opened here and handed to the
+        proxy's process, which imported the proxy meanwhile.  Raises LaunchError as
+        :meth:`start` does (the session is closed then)."""
+        assert self.child is not None and self.child.ctl is not None, "not a preforked session"
+        self.log_path = None if record_dir is None else os.path.join(record_dir, LOG_NAME)
+        try:
+            self.log = DecisionLog(self.log_path)
+            self.child.hand_log(self.log)
+        except OSError as e:
+            self.close()
+            raise LaunchError("cannot start the egress proxy", e.strerror or str(e),
+                              "check the run directory, the open-file and process limits"
+                              ) from None
+        self.log.close()  # the child's alone
+        return self
+
+    def discard(self) -> None:
+        """A :func:`prefork` session whose run ended before :meth:`begin`: its process
+        killed, its pair closed.  Nothing once begun (the ``with`` block closes it)."""
+        if self.child is None or self.child.ctl is None:
+            return
+        child, self.child = self.child, None
+        child.abandon()
+        self.close()
 
     def quiesce(self) -> None:
         """Before this process forks (a launcher's Python ``preexec_fn``): wait until the
@@ -303,6 +329,30 @@ def _stop_read(loop: asyncio.AbstractEventLoop, fd: int, stop: asyncio.Future[No
     _finish(stop)
 
 
+def prefork(network: Network, *, cpu_share: float | None = None) -> Session | None:
+    """The proxy's process for a run that allows a name, forked now, before the run's
+    directory exists, so that it imports the proxy while the launcher prepares the run
+    (:mod:`.forked`); pass it to :func:`open_session` as ``early``, and
+    :meth:`Session.discard` it on every path (nothing once begun).  None where the
+    proxy would not be forked (not the CLI, another thread), or nothing is allowed, or
+    the fork failed: :func:`open_session` then starts the proxy as usual."""
+    if not network.allow or not _forking():
+        return None
+    rules = compile_rules(network)
+    if not rules.enabled:
+        return None
+    session = Session(rules, None, cpu_share=cpu_share)
+    try:
+        session.ours, session.theirs = _socket.socketpair(_socket.AF_UNIX,
+                                                          _socket.SOCK_SEQPACKET)
+        session.child = forked.fork_child(session, early=True)
+    except OSError:
+        session.close()
+        return None
+    session.ours.close()  # the child's alone
+    return session
+
+
 def _forking() -> bool:
     """Whether to fork the proxy: asked by the CLI, and no other thread exists to have
     its locks copied held into the child."""
@@ -332,7 +382,8 @@ def _fd_budget(wanted: int) -> int:
 def open_session(network: Network, record_dir: str | None, *,
                  resolver: Resolver | None = None,
                  max_connections: int = MAX_CONNECTIONS, cpu_share: float | None = None,
-                 byte_budget: int | None = BYTE_BUDGET) -> Session | NoEgress:
+                 byte_budget: int | None = BYTE_BUDGET, early: Session | None = None
+                 ) -> Session | NoEgress:
     """Start the egress proxy for one run, or return :class:`NoEgress` if nothing is allowed.
 
     ``record_dir`` is the run's directory (``RUNS/<run-id>``): every decision
@@ -340,9 +391,13 @@ def open_session(network: Network, record_dir: str | None, *,
     and LaunchError if the proxy cannot start; either way nothing is left open.
     ``cpu_share`` (the run's ``--cpus``) bounds the proxy's CPU time for this
     run, and ``byte_budget`` what its tunnels buffer (:mod:`.account`).
+    ``early``: this run's :func:`prefork` session (made from the same ``network`` and
+    ``cpu_share``), begun here instead of a new one.
     """
     rules = compile_rules(network)
     if not rules.enabled:
         return NoEgress()
+    if early is not None:
+        return early.begin(record_dir)
     return Session(rules, record_dir, resolver=resolver, max_connections=max_connections,
                    cpu_share=cpu_share, byte_budget=byte_budget).start()
