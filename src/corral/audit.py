@@ -41,7 +41,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from . import discover, fsops, gitconfig, gitredirect, gitstate, repos
+from . import discover, fsops, gitconfig, gitstate, repos
 from .fswalk import join, move, walk
 from .guard import Finding
 from .record import NamedTuple, Record, field
@@ -341,6 +341,8 @@ class Auditor:
             # something the launch did not hold (the user's own rebase -x stays theirs).
             if what - self.census.commands.get(tree.path(state), frozenset()):
                 self._quarantine(tree, state, gitstate.why(state, what))
+        from . import gitredirect  # hashlib, zlib, tempfile: only where a git dir is audited
+
         for sub, why, back in gitredirect.planted(tree, rel, self.census.changed):
             self._quarantine(tree, sub, f"made or changed during the run: {why}; move it "
                              "back if it is yours", back=back)
