@@ -34,7 +34,13 @@ from corral import cgroups, inner, profcache, profiles, record, resolve
 NOT_LOADED = {"secrets", "hashlib", "_hashlib", "hmac", "random", "calendar", "datetime",
               "_strptime", "tomllib", "corral.inner",
               # dataclasses and what it imports (corral.record stands in on the run path)
-              "dataclasses", "inspect", "ast", "dis", "tokenize"}
+              "dataclasses", "inspect", "ast", "dis", "tokenize",
+              # the git and scan parts the audit and resolve need only for a git directory
+              # in the workspace or a --ro directory
+              "corral.discover", "corral.repos", "corral.gitstate", "corral.gitconfig",
+              "corral.locate",
+              # quoting for --dry-run's lines
+              "shlex"}
 
 MODULES = """\
 import importlib, json, sys
@@ -74,6 +80,22 @@ def test_corral_run_does_not_load_what_it_does_not_use(who: Identity) -> None:
     mine.write_text((Path(profiles.SHIPPED) / "shell.toml").read_text() + "# mine\n")
     mine.chmod(0o644)
     assert {"tomllib", "datetime"} <= _modules(who, "--profile", str(mine))
+    # Control: a --ro directory is scanned for secrets (corral.discover), and a workspace
+    # holding a bare repository has it audited (repos, gitstate, gitconfig).
+    ro = who.tmp / "ro"
+    ro.mkdir()
+    ro.chmod(0o755)
+    assert {"corral.discover", "corral.locate"} <= _modules(who, "--ro", str(ro))
+    ws = who.tmp / "ws"
+    for part in ("", "x.git", "x.git/objects", "x.git/refs"):
+        (ws / part).mkdir()
+        (ws / part).chmod(0o755)
+    (ws / "x.git/HEAD").write_text("ref: refs/heads/main\n")
+    (ws / "x.git/HEAD").chmod(0o644)
+    who.chown(ws)
+    assert {"corral.repos", "corral.gitstate", "corral.gitconfig"} <= _modules(
+        who, "--workspace", str(ws))
+    assert "shlex" in _modules(who, "--dry-run")
     # Control: a module of the list imported on purpose before the CLI is seen.
     assert {"dataclasses", "inspect"} <= _modules(who, first="dataclasses") & NOT_LOADED
 

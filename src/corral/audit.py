@@ -40,10 +40,11 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
+from types import ModuleType
 
-from . import discover, fsops, gitconfig, gitstate, repos
+from . import fsops
 from .fswalk import join, move, walk
-from .guard import Finding
+from .guard import PROTECTED_NAMES, Finding
 from .record import NamedTuple, Record, field
 
 __all__ = ["INERT", "Action", "Auditor", "Census", "census_of_findings", "census_of_tree"]
@@ -89,7 +90,7 @@ class Census(Record):
     """The writable trees at launch, as the audit compares them."""
 
     trees: tuple[tuple[str, tuple[int, int] | None], ...]  # (top, whose they are)
-    names: frozenset[str]  # protected names (discover.PROTECTED_NAMES and --protect)
+    names: frozenset[str]  # protected names (guard.PROTECTED_NAMES and --protect)
     gitdirs: frozenset[str] = frozenset()  # main git directories
     linked: frozenset[str] = frozenset()  # submodule and worktree git directories
     protected: frozenset[str] = frozenset()  # paths with protected names
@@ -144,6 +145,8 @@ def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
                        findings: Sequence[Finding], names: frozenset[str],
                        hook_folders: tuple[str, ...] = ()) -> Census:
     """Agent mode: the scan has found everything (and all of it is read-only inside)."""
+    from . import gitstate, repos  # (this module's git parts are imported where used)
+
     placeholders = []
     for f in findings:
         if f.origin == "placeholder":
@@ -164,12 +167,14 @@ def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
 
 def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str]) -> Census:
     """Run mode, a reused workspace: nothing is read-only inside, so copies are kept."""
+    from . import gitstate
+
     gitdirs, protected, budget = set(), set(), [BACKUP_TOTAL]
     backups: dict[str, tuple[bytes, int]] = {}
     with fsops.Tree(top, owner) as tree:
         try:
             for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
-                if here and (tree.path(here) in gitdirs or repos.holds_git_dir(tree, here)):
+                if here and (tree.path(here) in gitdirs or _holds_git_dir(tree, here)):
                     if tree.path(here) not in gitdirs:  # its first part
                         gitdirs.add(tree.path(here))
                         _keep(tree, here, backups, budget)
@@ -188,6 +193,21 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
             pass  # an unreadable corner: the audit then quarantines what it cannot compare
     return Census(((top, owner),), names, frozenset(gitdirs), protected=frozenset(protected),
                   backups=backups, commands=gitstate.at_launch([(top, owner)], gitdirs))
+
+
+def _repos() -> ModuleType:
+    """:mod:`corral.repos`, imported where a git directory is audited (with gitconfig and
+    locate): not by a run whose workspace holds none."""
+    from . import repos
+
+    return repos
+
+
+def _holds_git_dir(tree: fsops.Tree, rel: str) -> bool:
+    """``repos.holds_git_dir``, whose first test (a ``HEAD``) is made here: a directory
+    without one is no git directory, and repos is not imported for it."""
+    return tree.lstat(f"{rel}/HEAD" if rel else "HEAD") is not None and \
+        _repos().holds_git_dir(tree, rel)
 
 
 def _keep(tree: fsops.Tree, gitdir: str, backups: dict[str, tuple[bytes, int]],
@@ -260,12 +280,12 @@ class Auditor:
             # controls, and then its folders like any other, since a folder that merely
             # looks like a repository must not hide what lies beneath it.
             self.here = here
-            self.here_is_git = repos.holds_git_dir(tree, here) and (
-                bool(here) or repos.valid_head(tree, ""))
+            self.here_is_git = _holds_git_dir(tree, here) and (
+                bool(here) or _repos().valid_head(tree, ""))
             if self.here_is_git:
                 self._gitdir(tree, here or ".", setid=False)  # the walk goes on into it
         if self.here_is_git:
-            entries[:] = [e for e in entries if e.name not in repos.NESTED]
+            entries[:] = [e for e in entries if e.name not in _repos().NESTED]
         keep = []
         for e in entries:
             rel = join(here, e.name)
@@ -336,6 +356,8 @@ class Auditor:
                                  "it on the host", restore=True)
         if new:
             self._work_tree_hooks(tree, rel)
+        from . import gitstate
+
         for state, what in gitstate.commands(tree, rel).items():
             # A half-finished rebase, cherry-pick or am is left alone unless it would run
             # something the launch did not hold (the user's own rebase -x stays theirs).
@@ -353,7 +375,7 @@ class Auditor:
             for here, entries in self._walk(tree, f"{rel}/{nested}"):
                 if here in seen or (tree.lstat(f"{here}/HEAD") is not None and (
                         tree.lstat(f"{here}/config") is not None
-                        or repos.holds_git_dir(tree, here))):
+                        or _holds_git_dir(tree, here))):
                     entries.clear()
                     if here not in seen:
                         seen.add(here)
@@ -378,8 +400,10 @@ class Auditor:
                                  "core.hooksPath points git")
 
     def _inert(self, tree: fsops.Tree, rel: str) -> bool:
+        from . import gitconfig
+
         try:
-            entries = gitconfig.parse(tree.read(rel, repos.CONFIG_CAP) or b"")
+            entries = gitconfig.parse(tree.read(rel, _repos().CONFIG_CAP) or b"")
         except (OSError, gitconfig.ConfigError):
             return False
         return all(_inert_key(name, value) for name, value in entries)
@@ -443,6 +467,8 @@ def _controls(tree: fsops.Tree, gitdir: str) -> Iterator[tuple[str, str]]:
 
 
 def _inert_key(name: str, value: str | None) -> bool:
+    from . import gitconfig
+
     section, sub, key = gitconfig.split_name(name)
     pattern = f"{section}.*.{key}" if sub is not None else name
     if pattern not in INERT:
@@ -458,4 +484,4 @@ RUN_BY_HOST = frozenset({".envrc"})
 
 def protected_names(extra: Sequence[str] = ()) -> frozenset[str]:
     """The names the audit compares: what the host runs or trusts, wherever it appears."""
-    return frozenset(discover.PROTECTED_NAMES | RUN_BY_HOST | set(extra))
+    return frozenset(PROTECTED_NAMES | RUN_BY_HOST | set(extra))

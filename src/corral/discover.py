@@ -38,32 +38,12 @@ from collections.abc import Iterator, Sequence
 from . import fsops, repos
 from .errors import UsageError
 from .fswalk import join, walk
-from .guard import Finding
+from .guard import PROTECTED_NAMES, Finding
 from .locate import land
 
 __all__ = ["MAX_MASKS", "MAX_SCANNED", "PROTECTED_NAMES", "home_links", "scan", "secrets_in",
            "verify_unchanged", "with_parents"]
 
-# Files and folders that something on the host executes or trusts later: an agent that
-# could rewrite them would escape the sandbox the next time the user runs git, their
-# shell, their editor, a hook manager or their agent without corral.
-PROTECTED_NAMES = frozenset({
-    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".bash_aliases", ".profile",
-    ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login",
-    ".kshrc", ".mkshrc", ".inputrc", ".gitmodules", ".vscode", ".idea", ".claude", ".codex",
-    ".gemini", ".cursor", ".pi", ".continue", ".aider.conf.yml", ".mcp.json",
-    # hook managers: git runs what these name
-    ".husky", ".githooks", ".git-hooks", ".pre-commit-config.yaml", ".pre-commit-hooks.yaml",
-    "lefthook.yml", "lefthook.yaml", ".lefthook.yml", ".lefthook.yaml", "lefthook-local.yml",
-    ".overcommit.yml",
-    # editors and tools that start what a project's settings name when it is opened:
-    # Helix's language servers, VS Code's devcontainer initializeCommand (run on the host),
-    # Zed, Neovim's and Vim's exrc, Emacs' directory locals
-    ".helix", ".devcontainer", ".devcontainer.json", ".zed", ".nvim.lua", ".nvimrc", ".exrc",
-    ".lazy.lua", ".dir-locals.el", ".dir-locals-2.el",
-    # other agents' project settings and MCP servers
-    ".windsurf", ".kiro", ".roo", ".amazonq", ".opencode", "opencode.json", "opencode.jsonc",
-})
 # Secret-looking names, hidden (an empty read-only file or folder) unless allowed.
 SECRET_GLOBS = (".env", ".env.*", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
                 "*.keystore", "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk",

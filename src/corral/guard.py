@@ -20,8 +20,8 @@ from .host import HostFacts
 from .policy import check_path
 from .record import NamedTuple
 
-__all__ = ["CREDENTIAL_DIRS", "Finding", "check_workspace", "check_writable_root",
-           "userns_hint"]
+__all__ = ["CREDENTIAL_DIRS", "PROTECTED_NAMES", "Finding", "check_workspace",
+           "check_writable_root", "userns_hint"]
 
 # Never writable themselves, nor anything beneath them.
 SYSTEM_TREES = ("/usr", "/etc", "/boot", "/proc", "/sys", "/dev", "/run", "/bin", "/sbin",
@@ -33,6 +33,28 @@ SYSTEM_DIRS = ("/", "/var", "/var/lib", "/var/tmp", "/var/cache", "/var/log", "/
 CREDENTIAL_DIRS = (".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure", ".password-store",
                    ".config/gcloud", ".config/gh", ".local/share/keyrings", ".netrc",
                    ".git-credentials", ".pgpass", ".vault-token")
+
+# Files and folders that something on the host executes or trusts later (found by
+# :mod:`corral.discover`, compared by :mod:`corral.audit` after every run): an agent that
+# could rewrite them would escape the sandbox the next time the user runs git, their
+# shell, their editor, a hook manager or their agent without corral.
+PROTECTED_NAMES = frozenset({
+    ".bashrc", ".bash_profile", ".bash_login", ".bash_logout", ".bash_aliases", ".profile",
+    ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login",
+    ".kshrc", ".mkshrc", ".inputrc", ".gitmodules", ".vscode", ".idea", ".claude", ".codex",
+    ".gemini", ".cursor", ".pi", ".continue", ".aider.conf.yml", ".mcp.json",
+    # hook managers: git runs what these name
+    ".husky", ".githooks", ".git-hooks", ".pre-commit-config.yaml", ".pre-commit-hooks.yaml",
+    "lefthook.yml", "lefthook.yaml", ".lefthook.yml", ".lefthook.yaml", "lefthook-local.yml",
+    ".overcommit.yml",
+    # editors and tools that start what a project's settings name when it is opened:
+    # Helix's language servers, VS Code's devcontainer initializeCommand (run on the host),
+    # Zed, Neovim's and Vim's exrc, Emacs' directory locals
+    ".helix", ".devcontainer", ".devcontainer.json", ".zed", ".nvim.lua", ".nvimrc", ".exrc",
+    ".lazy.lua", ".dir-locals.el", ".dir-locals-2.el",
+    # other agents' project settings and MCP servers
+    ".windsurf", ".kiro", ".roo", ".amazonq", ".opencode", "opencode.json", "opencode.jsonc",
+})
 
 
 def _under(path: str, root: str) -> bool:

@@ -23,7 +23,6 @@ import json
 import marshal
 import os
 import selectors
-import shlex
 import signal
 import stat
 import subprocess
@@ -618,6 +617,8 @@ def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
 
     Descriptor numbers are placeholders: real ones are assigned at launch.
     """
+    import shlex  # (only a dry run quotes)
+
     fds = Numbering()
     config_fd = fds.fd(Data("init-config", b""))
     ops = bwrap.build_ops(sb, status_fd=None)

@@ -14,7 +14,7 @@ import stat
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from . import cinit, discover, fsops, interp, seccomp
+from . import cinit, fsops, interp, seccomp
 from .bwrap import DEV_SEAL, ROOT_SEAL, Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
@@ -327,6 +327,8 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
                              "create it or drop it from the policy")
         base.append(Mount(os.path.realpath(ro), ro))
         if os.path.isdir(ro):
+            from . import discover  # the secrets scan: only for a --ro directory
+
             masks += [(f.path, f.kind) for f in discover.secrets_in(ro)]
     command = resolve_command(argv, [*visible, *prefixes, *policy.read_only],
                               os.environ.get("PATH", os.defpath), [workspace])
