@@ -209,6 +209,14 @@ def test_bad_input_is_one_line_and_exit_125(who: Identity, args: list[str]) -> N
     assert _no_runs(who)
 
 
+def test_a_verbs_bad_flag_points_to_the_verbs_help(who: Identity) -> None:
+    # The verb's parser is named "corral run", not after the whole top-level usage text.
+    r = who.corral("run", "--timeout")
+    assert r.returncode == 125 and r.stderr.count("\n") == 1, r
+    assert r.stderr.endswith("; see 'corral run --help'\n"), r.stderr
+    assert who.corral("doctor", "--help").stdout.startswith("usage: corral doctor [-h]")
+
+
 @pytest.mark.parametrize("profile", [
     "[limits\ntimeout = 1",                     # malformed
     "[limits]\ntimeuot = 1",                   # unknown key

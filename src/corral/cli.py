@@ -253,7 +253,9 @@ def _parser(verb: str | None) -> Parser:
     from . import __version__
 
     parser.add_argument("--version", action="version", version=f"corral {__version__}")
-    sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser)
+    # prog given: argparse would otherwise format the top usage to name the verbs' parsers
+    # by (all of USAGE: "see 'corral run [options]...\n  corral delegate ... run --help'")
+    sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser, prog="corral")
     # A known verb gets its own parser only; the list of all is for --help and a bad verb.
     for name, (help_text, fill) in VERBS.items() if verb not in VERBS else [(verb, VERBS[verb])]:
         p = sub.add_parser(name, help=help_text)
