@@ -313,3 +313,19 @@ def test_a_lying_pack_index_does_not_hide_an_edit(who: Identity, lab: Lab) -> No
         if sandbox == "corral":
             assert "quarantined" in stderr and "git index-pack" in stderr, stderr
             assert shown.stdout == "ok\n", shown  # the user's own blob, read loose again
+
+
+def test_the_agents_own_repack_stays(who: Identity, lab: Lab) -> None:
+    """The pack the agent's ``git repack`` writes is re-indexed on the host
+    within the bounds given to ``git index-pack`` (one thread, its address space and time
+    capped, as the tree's owner) and agrees with it: nothing of it is quarantined (``git
+    gc`` also writes a commit-graph, which goes: see the shallow and graph test)."""
+    project = _project(lab)
+    stderr = _plant(who, lab, "corral", (
+        "echo more > g && git add g && git -c user.name=a -c user.email=a@example.invalid "
+        "commit -qm more && git repack -adq"))
+    assert "git index-pack" not in stderr and "quarantined" not in stderr, stderr
+    assert list((project / ".git" / "objects" / "pack").glob("pack-*.idx")), "no pack made"
+    assert _host_git(who, project, "show", "HEAD:g").stdout == "more\n"
+    fsck = _host_git(who, project, "fsck", "--strict")
+    assert fsck.returncode == 0, fsck

@@ -224,6 +224,7 @@ class Auditor:
         self.errors: list[OSError] = []  # folders no walk could list, even unlocked
         self.here: str | None = None  # the directory the walk is in, and whether it is
         self.here_is_git = False  # a git directory (each is audited once, not per part)
+        self.packs = gitredirect.Budget()  # index-pack's time, for all the run's packs
 
     def run(self) -> list[Action]:
         try:
@@ -343,7 +344,8 @@ class Auditor:
             # something the launch did not hold (the user's own rebase -x stays theirs).
             if what - self.census.commands.get(tree.path(state), frozenset()):
                 self._quarantine(tree, state, gitstate.why(state, what))
-        for sub, why, back in gitredirect.planted(tree, rel, self.census.changed):
+        for sub, why, back in gitredirect.planted(tree, rel, self.census.changed,
+                                                     self.packs):
             self._quarantine(tree, sub, f"made or changed during the run: {why}; move it "
                              "back if it is yours", back=back)
         for nested in ("modules", "worktrees"):

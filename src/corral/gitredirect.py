@@ -56,11 +56,13 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
+import resource
 import shutil
 import stat
 import struct
 import subprocess
 import tempfile
+import time
 import zlib
 from collections.abc import Callable, Iterator
 
@@ -85,16 +87,25 @@ REMOTE = ("a remote-tracking ref: moved, `git log origin/main..` and `git status
           "hide commits the next `git push` sends; `git fetch` brings it back")
 UNSEEN = ("the index marks files that git status and git diff would not look at "
           "(assume-unchanged, skip-worktree), so a change there goes unreviewed")
+# The host's git index-pack re-indexes each pack made or changed during the run, outside
+# the sandbox, so what the agent's pack data costs it is bounded: a 16 KiB pack of deltas
+# each copying a 16 MiB base 64 times has index-pack hold 1 GiB per object and hash it
+# (reproduced).  All the packs one audit indexes share INDEX_PACK_S of wall time (the
+# packs left when it is spent go unchecked, so they go); each index-pack runs with one
+# thread, INDEX_PACK_BYTES of address space and no more CPU seconds than are left.
+INDEX_PACK_S = 600
+INDEX_PACK_BYTES = 2 << 30
 FORGED = ("a loose object whose content is not what its name says (git fsck: hash-path "
           "mismatch): git reads it unchecked, so git diff, show and checkout would give "
           "its text for what the commit holds")
-LYING = ("a pack index that does not say what git index-pack finds in its pack: git "
+LYING = ("a pack index that does not say what git index-pack finds in its pack (or a "
+         "pack it cannot index within corral's bounds: one thread, "
+         f"{INDEX_PACK_BYTES >> 30} GiB, {INDEX_PACK_S} s for all of a run's packs): git "
          "reads objects through it unchecked, so git diff, show and checkout would give "
          "other content than the commit holds")
 PACK_CACHE = ("an index of packs that git reads unchecked and does without (`git repack "
               "-d` or `git multi-pack-index write` rebuilds it)")
 INDEX_CAP = 1 << 30  # bytes of a pack index read to compare (28 bytes an object)
-INDEX_PACK_S = 600  # a changed pack's re-indexing; a pack it cannot index in that time goes
 HEX = frozenset("0123456789abcdef")
 HASHES = {38: "sha1", 62: "sha256"}  # a loose object's name after its folder's two digits
 READ_CHUNK = 1 << 14  # inflated, at most ~16 MiB a part
@@ -109,10 +120,18 @@ WALK_CAP = 100_000  # entries of refs/replace, remotes/ or branches/ walked
 Changed = Callable[[os.stat_result | None], bool]
 
 
-def planted(tree: fsops.Tree, gitdir: str, changed: Changed
+class Budget:
+    """The seconds left for the host's git index-pack across one audit's packs."""
+
+    def __init__(self, seconds: float = INDEX_PACK_S) -> None:
+        self.left = float(seconds)
+
+
+def planted(tree: fsops.Tree, gitdir: str, changed: Changed, budget: Budget | None = None
             ) -> Iterator[tuple[str, str, bytes | None]]:
     """(path relative to ``tree``, why, what to put back or None) for each file of
-    ``gitdir`` that redirects host git and was made or changed during the run."""
+    ``gitdir`` that redirects host git and was made or changed during the run.  ``budget``
+    is shared by every git directory of one audit (a fresh one per call without it)."""
     for name, why in ((ALTERNATES[0], ELSEWHERE), (ALTERNATES[1], ELSEWHERE),
                       ("info/grafts", f"grafts: {REPLACED.format('history')}"),
                       ("shallow", f"shallow (grafts without parents): "
@@ -130,7 +149,8 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
     yield from _index(tree, gitdir, changed)
     yield from ((rel, FORGED, None) for rel in _loose(tree, gitdir, changed))
-    yield from ((rel, why, None) for rel, why in _packs(tree, gitdir, changed))
+    yield from ((rel, why, None) for rel, why in _packs(tree, gitdir, changed,
+                                                        budget or Budget()))
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
     if verdict is not None:
@@ -248,7 +268,8 @@ def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str) -> bool:
     return ok and digest.hexdigest() == name
 
 
-def _packs(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[tuple[str, str]]:
+def _packs(tree: fsops.Tree, gitdir: str, changed: Changed, budget: Budget
+           ) -> Iterator[tuple[str, str]]:
     """``objects/pack`` entries made or changed during the run that git would read and
     corral cannot vouch for: a lying pack index (see :func:`_index_says_what_git_finds`),
     and the unchecked caches beside them."""
@@ -269,13 +290,17 @@ def _packs(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[tuple[st
             if pack is None or not (changed(e.st) or changed(pack.st)):
                 continue  # git reads no index without its pack
             if e.kind != "file" or pack.kind != "file" or not _index_says_what_git_finds(
-                    tree, rel, f"{top}/{pack.name}"):
+                    tree, rel, f"{top}/{pack.name}", budget):
                 yield rel, LYING
 
 
-def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str) -> bool:
+def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str, budget: Budget
+                               ) -> bool:
     """Whether the pack index ``idx`` maps each object name to the offset that the host's
-    ``git index-pack`` finds it at in ``pack`` (it inflates and hashes every object)."""
+    ``git index-pack`` finds it at in ``pack`` (it inflates and hashes every object), found
+    within what is left of ``budget`` and the bounds of :data:`INDEX_PACK_BYTES`."""
+    if budget.left < 1:
+        return False
     git = shutil.which("git")
     try:
         said = _pack_index(tree.read(idx, INDEX_CAP) or b"")
@@ -298,12 +323,18 @@ def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str) -> bool:
                "LC_ALL": "C"}
         as_owner: dict[str, object] = (
             {"user": uid, "group": gid, "extra_groups": []} if os.getuid() != uid else {})
-        done = subprocess.run(
-            [git, "index-pack", f"--object-format={fmt}", "-o", out, f"/proc/self/fd/{fd}"],
-            cwd=scratch, env=env,
-            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, timeout=INDEX_PACK_S, check=False,
-            **as_owner)  # type: ignore[call-overload]
+        seconds = budget.left
+        began = time.monotonic()
+        try:
+            done = subprocess.run(
+                [git, "index-pack", "--threads=1", f"--object-format={fmt}", "-o", out,
+                 f"/proc/self/fd/{fd}"],
+                cwd=scratch, env=env, preexec_fn=_bounded(seconds),
+                pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, timeout=seconds, check=False,
+                **as_owner)  # type: ignore[call-overload]
+        finally:
+            budget.left -= time.monotonic() - began
         if done.returncode != 0:
             return False
         with open(out, "rb") as f:
@@ -314,6 +345,19 @@ def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str) -> bool:
     finally:
         os.close(fd)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _bounded(seconds: float) -> Callable[[], None]:
+    """index-pack's limits, set in its process before git runs (nothing but setrlimit:
+    safe after a fork)."""
+    cpu = int(seconds) + 1
+    setrlimit, limits = resource.setrlimit, ((resource.RLIMIT_AS, INDEX_PACK_BYTES),
+                                             (resource.RLIMIT_CPU, cpu))
+
+    def bound() -> None:
+        for which, value in limits:
+            setrlimit(which, (value, value))
+    return bound
 
 
 def _pack_index(data: bytes) -> dict[bytes, int] | None:
