@@ -32,7 +32,8 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
   before loose ones, through the index, unchecked, so an index that names the blob of a
   committed file for the agent's text does what a forged loose object does.  A pack or
   index made or changed during the run is indexed afresh by the host's own
-  ``git index-pack`` (as the tree's owner, outside any repository, no config), and an
+  ``git index-pack`` (as the tree's owner, outside any repository, no config, with one
+  thread, bounded memory and one time budget for all the audit's packs), and an
   index that does not say what that one says goes; the caches git does without and reads
   unchecked (``multi-pack-index``, ``*.bitmap``, ``*.rev``) go when made or changed;
 * grafts by other names: ``shallow`` cuts the parents of the commits it lists, and
