@@ -26,9 +26,11 @@ def _repo(tmp_path: Path, fmt: str) -> tuple[Path, str]:
     return repo, oid
 
 
-def _found(repo: Path, changed: bool = True) -> list[str]:
+def _found(repo: Path, changed: bool = True, budget: gitredirect.Budget | None = None
+           ) -> list[str]:
     with fsops.Tree(str(repo)) as tree:
-        return list(gitredirect._loose(tree, ".git", lambda st: changed and st is not None))
+        return list(gitredirect._loose(tree, ".git", lambda st: changed and st is not None,
+                                       budget or gitredirect.Budget()))
 
 
 @pytest.mark.parametrize("fmt", ["sha1", "sha256"])
@@ -241,3 +243,29 @@ def test_index_pack_time_is_one_budget_for_all_the_runs_packs(tmp_path: Path) ->
         (idx.parent / f"pack-bomb{ext}").unlink()
     assert _packs(repo, budget=gitredirect.Budget(600)) == []  # control: it passes
     assert _packs(repo, budget=gitredirect.Budget(0)) == [".git/objects/pack/pack-z.idx"]
+
+
+def test_hashing_loose_objects_shares_the_audits_budget(tmp_path: Path) -> None:
+    """A loose object is hashed by the audit itself: 1 MiB deflated is 1 GiB to inflate
+    and hash (seconds of the host's CPU each), so the objects share the packs' budget; one
+    not finished within it goes, and once it is spent nothing more is vouched for."""
+    repo, small = _repo(tmp_path, "sha1")
+    size = 1 << 30
+    head, zeros = b"blob %d\0" % size, bytes(1 << 24)
+    deflate, digest = zlib.compressobj(9), hashlib.sha1(head)
+    parts = [deflate.compress(head)]
+    for _ in range(size >> 24):
+        parts.append(deflate.compress(zeros))
+        digest.update(zeros)
+    data = b"".join([*parts, deflate.flush()])
+    assert len(data) < 2 << 20
+    big = digest.hexdigest()  # an honest object: its content is its name
+    (repo / ".git" / "objects" / big[:2]).mkdir(exist_ok=True)
+    (repo / ".git" / "objects" / big[:2] / big[2:]).write_bytes(data)
+    assert _found(repo, budget=gitredirect.Budget(600)) == []  # control: it is checked
+    budget = gitredirect.Budget(0.2)
+    began = time.monotonic()
+    assert f".git/objects/{big[:2]}/{big[2:]}" in _found(repo, budget=budget)
+    assert time.monotonic() - began < 60 and budget.left <= 0
+    assert sorted(_found(repo, budget=budget)) == sorted(
+        f".git/objects/{o[:2]}/{o[2:]}" for o in (big, small))  # spent: none vouched for

@@ -91,17 +91,20 @@ UNSEEN = ("the index marks files that git status and git diff would not look at 
 # The host's git index-pack re-indexes each pack made or changed during the run, outside
 # the sandbox, so what the agent's pack data costs it is bounded: a 16 KiB pack of deltas
 # each copying a 16 MiB base 64 times has index-pack hold 1 GiB per object and hash it
-# (reproduced).  All the packs one audit indexes share INDEX_PACK_S of wall time (the
-# packs left when it is spent go unchecked, so they go); each index-pack runs with one
-# thread, INDEX_PACK_BYTES of address space and no more CPU seconds than are left.
-INDEX_PACK_S = 600
+# (reproduced).  A loose object costs the audit's own hashing as much: 2 MiB of zeros
+# deflated is 2 GiB to inflate and hash, 9 s here (reproduced).  All the loose objects
+# and packs one audit checks share CHECK_S of wall time (those left when it is spent go
+# unchecked, so they go); each index-pack runs with one thread, INDEX_PACK_BYTES of
+# address space and no more CPU seconds than are left.
+CHECK_S = 600
 INDEX_PACK_BYTES = 2 << 30
 FORGED = ("a loose object whose content is not what its name says (git fsck: hash-path "
-          "mismatch): git reads it unchecked, so git diff, show and checkout would give "
-          "its text for what the commit holds")
+          "mismatch; or one corral could not finish hashing within the "
+          f"{CHECK_S} s it gives all of a run's objects): git reads it unchecked, so git "
+          "diff, show and checkout would give its text for what the commit holds")
 LYING = ("a pack index that does not say what git index-pack finds in its pack (or a "
          "pack it cannot index within corral's bounds: one thread, "
-         f"{INDEX_PACK_BYTES >> 30} GiB, {INDEX_PACK_S} s for all of a run's packs): git "
+         f"{INDEX_PACK_BYTES >> 30} GiB, {CHECK_S} s for all of a run's objects): git "
          "reads objects through it unchecked, so git diff, show and checkout would give "
          "other content than the commit holds")
 PACK_CACHE = ("an index of packs that git reads unchecked and does without (`git repack "
@@ -122,9 +125,10 @@ Changed = Callable[[os.stat_result | None], bool]
 
 
 class Budget:
-    """The seconds left for the host's git index-pack across one audit's packs."""
+    """The seconds left to check one audit's loose objects and packs (hashing them, and
+    the host's git index-pack)."""
 
-    def __init__(self, seconds: float = INDEX_PACK_S) -> None:
+    def __init__(self, seconds: float = CHECK_S) -> None:
         self.left = float(seconds)
 
 
@@ -149,9 +153,9 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed, budget: Budget | No
                         ("rr-cache", RERERE)):
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
     yield from _index(tree, gitdir, changed)
-    yield from ((rel, FORGED, None) for rel in _loose(tree, gitdir, changed))
-    yield from ((rel, why, None) for rel, why in _packs(tree, gitdir, changed,
-                                                        budget or Budget()))
+    budget = budget or Budget()
+    yield from ((rel, FORGED, None) for rel in _loose(tree, gitdir, changed, budget))
+    yield from ((rel, why, None) for rel, why in _packs(tree, gitdir, changed, budget))
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
     if verdict is not None:
@@ -217,7 +221,8 @@ def _index(tree: fsops.Tree, gitdir: str, changed: Changed
         yield rel, f"{UNSEEN}: {names}{more}", found[0]
 
 
-def _loose(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[str]:
+def _loose(tree: fsops.Tree, gitdir: str, changed: Changed, budget: Budget
+           ) -> Iterator[str]:
     """Loose objects made or changed during the run that are not what their names say:
     anything but a regular file (git follows a link there; corral does not), or one whose
     inflated bytes do not hash to its name.  A folder made a link is taken whole."""
@@ -244,28 +249,37 @@ def _loose(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[str]:
             if algorithm is None or not set(e.name) <= HEX or not changed(e.st):
                 continue  # git's own temporary files (tmp_obj_*) are never read as objects
             if e.kind != "file" or not _hashes_to(tree, f"{rel}/{e.name}", algorithm,
-                                                  folder.name + e.name):
+                                                  folder.name + e.name, budget):
                 yield f"{rel}/{e.name}"
 
 
-def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str) -> bool:
+def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str, budget: Budget
+               ) -> bool:
     """Whether the loose object ``rel`` inflates, whole, to bytes whose hash is ``name``
-    (read and hashed a part at a time: a large blob costs no memory)."""
+    (read and hashed a part at a time: a large blob costs no memory), found within what
+    is left of ``budget`` (no: not vouched for)."""
+    if budget.left <= 0:
+        return False
     fd = tree.open_regular(rel)
     if fd is None:
         return False
     digest, inflate = hashlib.new(algorithm), zlib.decompressobj()
+    began = time.monotonic()
+    deadline = began + budget.left
     try:
         while chunk := os.read(fd, READ_CHUNK):
             digest.update(inflate.decompress(chunk))
             if inflate.eof:
                 break
+            if time.monotonic() > deadline:
+                return False
         digest.update(inflate.flush())
         ok = inflate.eof and not inflate.unused_data and not os.read(fd, 1)
     except (OSError, zlib.error):
         return False
     finally:
         os.close(fd)
+        budget.left -= time.monotonic() - began
     return ok and digest.hexdigest() == name
 
 
