@@ -279,7 +279,7 @@ def test_a_forged_loose_object_does_not_hide_an_edit(who: Identity, lab: Lab) ->
 # The agent packs its EVIL blob and writes the pack's index as if it held the blob HEAD:f
 # names: git finds objects in packs first, through the index, unchecked.
 FORGE_PACK = r'''
-import hashlib, os, struct, subprocess, zlib
+import hashlib, os, struct, subprocess, sys, zlib
 def run(*a, **k):
     return subprocess.run(["git", *a], check=True, capture_output=True, **k).stdout
 target = bytes.fromhex(run("rev-parse", "HEAD:f").decode().strip())
@@ -293,17 +293,23 @@ body = (b"\377tOc" + struct.pack(">I", 2) + fan + target
 os.chmod(base + ".idx", 0o644)
 open(base + ".idx", "wb").write(body + hashlib.sha1(body).digest())
 os.unlink(".git/objects/" + evil[:2] + "/" + evil[2:])
+if sys.argv[1:]:  # git reads any NAME.idx with its NAME.pack, not only pack-HASH.idx
+    for ext in (".idx", ".pack"):
+        os.rename(base + ext, ".git/objects/pack/" + sys.argv[1] + ext)
 '''
 
 
-def test_a_lying_pack_index_does_not_hide_an_edit(who: Identity, lab: Lab) -> None:
+@pytest.mark.parametrize("name", ["", "evil"])
+def test_a_lying_pack_index_does_not_hide_an_edit(who: Identity, lab: Lab, name: str) -> None:
     """The pack form of the forged object: after it, host ``git diff`` shows nothing and
-    ``git show HEAD:f`` shows the edit as the commit's (redteam)."""
+    ``git show HEAD:f`` shows the edit as the commit's (redteam); under git's own name for
+    it (``pack-HASH``) or any other (``evil.idx``, ``evil.pack``: git reads it too)."""
     for sandbox in ("corral", "naive"):
         project = _project(lab)
         (project / "forge.py").write_text(FORGE_PACK)
         lab.own(project)
-        stderr = _plant(who, lab, sandbox, "python3 forge.py && rm forge.py && echo EVIL > f")
+        stderr = _plant(who, lab, sandbox,
+                        f"python3 forge.py {name} && rm forge.py && echo EVIL > f")
         shown = _host_git(who, project, "show", "HEAD:f")
         diff = _host_git(who, project, "diff")
         # Control: after the naive sandbox, the commit "holds" EVIL and the diff is empty.

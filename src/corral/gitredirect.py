@@ -28,7 +28,7 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
   that rewrites the blob of a committed file with its own edit makes ``git diff`` show
   nothing, ``git show`` and ``git log -p`` show its text as the commit's, and
   ``git checkout``/``git restore`` of the file write its text back;
-* a pack whose ``.idx`` lies (``objects/pack/pack-*.idx``): git looks objects up in packs
+* a pack whose ``.idx`` lies (``objects/pack/*.idx``, any name): git looks objects up in packs
   before loose ones, through the index, unchecked, so an index that names the blob of a
   committed file for the agent's text does what a forged loose object does.  A pack or
   index made or changed during the run is indexed afresh by the host's own
@@ -300,7 +300,8 @@ def _packs(tree: fsops.Tree, gitdir: str, changed: Changed, budget: Budget
         if name == "multi-pack-index" or name.endswith((".bitmap", ".rev")):
             if changed(e.st):
                 yield rel, PACK_CACHE
-        elif name.startswith("pack-") and name.endswith(".idx"):
+        elif name.endswith(".idx"):  # git reads any NAME.idx beside NAME.pack, not
+            # only pack-HASH.idx (tried: a pack renamed evil.idx/evil.pack is read)
             pack = entries.get(name[:-4] + ".pack")
             if pack is None or not (changed(e.st) or changed(pack.st)):
                 continue  # git reads no index without its pack
