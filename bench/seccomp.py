@@ -24,10 +24,10 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 from corral import api, host, launch, resolve, seccomp
 from corral.profiles import load_profile
+from corral.record import replace
 
 COLD = ("import time; t = time.perf_counter(); from corral import seccomp; "
         "a = time.perf_counter(); seccomp.programs(False); b = time.perf_counter(); "

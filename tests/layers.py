@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from typing import Any
 
 from corral import api, egress, enforce, errors, host, launch, resolve
 from corral.bwrap import Mount, Sandbox, mount
 from corral.policy import Network, Policy, parse_size
 from corral.profiles import load_profile
+from corral.record import replace
 
 
 def without(sb: Sandbox, off: list[str], extra: str | None, init_pid: int | None = None

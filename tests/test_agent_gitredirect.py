@@ -250,6 +250,18 @@ def test_a_recorded_resolution_does_not_answer_the_users_next_merge(who: Identit
             assert "quarantined" in stderr and "conflict resolution" in stderr, stderr
 
 
+def _edit_hidden(who: Identity, project: Path, sandbox: str, stderr: str
+                 ) -> subprocess.CompletedProcess[str]:
+    """Host git after a forged object: after the naive sandbox (the control) the commit
+    "holds" EVIL and ``git diff`` is silent; after corral neither.  ``git show HEAD:f``."""
+    shown = _host_git(who, project, "show", "HEAD:f")
+    diff = _host_git(who, project, "diff")
+    assert (shown.stdout == "EVIL\n") == (sandbox == "naive"), (sandbox, shown, stderr)
+    silent = diff.returncode == 0 and diff.stdout == ""
+    assert silent == (sandbox == "naive"), (sandbox, diff, stderr)
+    return shown
+
+
 # The agent edits f, then rewrites the blob HEAD:f names with its edit (a loose object is
 # read unchecked: only git fsck compares a loose object's content with its name).
 FORGE = ("echo EVIL > f && oid=$(git rev-parse HEAD:f) && "
@@ -265,12 +277,7 @@ def test_a_forged_loose_object_does_not_hide_an_edit(who: Identity, lab: Lab) ->
     for sandbox in ("corral", "naive"):
         project = _project(lab)
         stderr = _plant(who, lab, sandbox, FORGE)
-        shown = _host_git(who, project, "show", "HEAD:f")
-        diff = _host_git(who, project, "diff")
-        # Control: after the naive sandbox, the commit "holds" EVIL and the diff is empty.
-        assert (shown.stdout == "EVIL\n") == (sandbox == "naive"), (sandbox, shown, stderr)
-        silent = diff.returncode == 0 and diff.stdout == ""
-        assert silent == (sandbox == "naive"), (sandbox, diff, stderr)
+        shown = _edit_hidden(who, project, sandbox, stderr)
         if sandbox == "corral":
             assert "quarantined" in stderr and "hash-path" in stderr, stderr
             assert shown.returncode != 0, shown  # gone: git says so, never shows EVIL
@@ -310,12 +317,7 @@ def test_a_lying_pack_index_does_not_hide_an_edit(who: Identity, lab: Lab, name:
         lab.own(project)
         stderr = _plant(who, lab, sandbox,
                         f"python3 forge.py {name} && rm forge.py && echo EVIL > f")
-        shown = _host_git(who, project, "show", "HEAD:f")
-        diff = _host_git(who, project, "diff")
-        # Control: after the naive sandbox, the commit "holds" EVIL and the diff is empty.
-        assert (shown.stdout == "EVIL\n") == (sandbox == "naive"), (sandbox, shown, stderr)
-        silent = diff.returncode == 0 and diff.stdout == ""
-        assert silent == (sandbox == "naive"), (sandbox, diff, stderr)
+        shown = _edit_hidden(who, project, sandbox, stderr)
         if sandbox == "corral":
             assert "quarantined" in stderr and "git index-pack" in stderr, stderr
             assert shown.stdout == "ok\n", shown  # the user's own blob, read loose again

@@ -127,7 +127,7 @@ def test_a_mount_that_landed_elsewhere_stops_the_launch(who: Identity, lab: Lab,
         "expect = [list(e) for e in sb.init_config['expect_mounts']]\n"
         "if sys.argv[2] == 'tamper':  # as if .git's pin had landed on another folder\n"
         "    next(e for e in expect if e[1] == 'pin')[3] += 1\n"
-        "from dataclasses import replace\n"
+        "from corral.record import replace\n"
         "sb = replace(sb, init_config={**sb.init_config, 'expect_mounts': expect})\n"
         "try:\n"
         "    out = launch.launch(sb, capture=True, stdin=None, output_cap=1 << 16,\n"

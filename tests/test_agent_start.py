@@ -14,13 +14,13 @@ import os
 import shutil
 import tempfile
 import textwrap
-from dataclasses import replace
 from pathlib import Path
 
 from agent_lab import Lab
 from conftest import NOBODY, Identity, need
 from corral import agent, cinit, host
 from corral.profiles import load_profile
+from corral.record import replace
 from egress_util import Origin, write_script
 
 PROBE = textwrap.dedent("""

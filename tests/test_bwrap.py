@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from types import SimpleNamespace
 from typing import cast
 
@@ -22,6 +21,7 @@ from corral.bwrap import (
 )
 from corral.host import HostFacts
 from corral.launch import Numbering
+from corral.record import replace
 from corral.resolve import init_shielded
 
 BASE = Sandbox(

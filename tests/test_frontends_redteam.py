@@ -688,17 +688,17 @@ def _remove_cgroups(who: Identity, runs: Path) -> None:
 
 
 STOPPING_RUNNER = """
-import dataclasses, os, signal, sys, threading
-import corral, corral.launch
+import os, signal, sys, threading
+import corral, corral.launch, corral.record
 mode, marker = sys.argv[1], sys.argv[2]
 real_init = corral.launch.Launch.__init__
 def init(self, sb, **kw):  # as on a host below Landlock ABI 6: no signal scope
     config = dict(sb.init_config, landlock=dict(sb.init_config["landlock"], scope=False))
     # the control: what the sandbox gets where the init cannot be signalled
     shielded = mode == "shielded" if hasattr(sb, "init_shielded") else True
-    sb = dataclasses.replace(sb, init_config=config,
-                             **({"init_shielded": shielded} if hasattr(sb, "init_shielded")
-                                else {}))
+    sb = corral.record.replace(sb, init_config=config,
+                               **({"init_shielded": shielded} if hasattr(sb, "init_shielded")
+                                  else {}))
     real_init(self, sb, **kw)
 corral.launch.Launch.__init__ = init
 threading.Timer(6, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()

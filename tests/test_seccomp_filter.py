@@ -14,7 +14,6 @@ import ctypes
 import errno
 import os
 import struct
-from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -24,6 +23,7 @@ from conftest import need
 from corral import seccomp, syscalls
 from corral.errors import HostError
 from corral.policy import Allow, Policy
+from corral.record import replace
 from corral.syscalls import CLONE_NEW, CLONE_NEWTIME, TTY_REQUESTS
 
 ALLOW = 0x7FFF0000

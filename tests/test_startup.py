@@ -10,43 +10,53 @@ so that the check cannot pass by seeing nothing; and each replacement against th
 from __future__ import annotations
 
 import calendar
+import copy
 import datetime
 import json
 import os
+import pickle
 import time
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import Identity
-from corral import cgroups, inner, profcache, profiles, resolve
+from corral import cgroups, inner, profcache, profiles, record, resolve
 
 # What the run path used to import and does not need: OpenSSL through secrets (export),
 # calendar/datetime through strptime (the cgroup sweep), tomllib (shipped profiles), the
 # Python init (two Landlock numbers).
 NOT_LOADED = {"secrets", "hashlib", "_hashlib", "hmac", "random", "calendar", "datetime",
-              "_strptime", "tomllib", "corral.inner"}
+              "_strptime", "tomllib", "corral.inner",
+              # dataclasses and what it imports (corral.record stands in on the run path)
+              "dataclasses", "inspect", "ast", "dis", "tokenize"}
 
 MODULES = """\
-import json, sys
+import importlib, json, sys
+for name in filter(None, sys.argv[1].split(",")):  # the controls' deliberate imports
+    importlib.import_module(name)
 from corral.cli import main
 try:
-    main(sys.argv[1:])
+    main(sys.argv[2:])
 except SystemExit as e:
     code = e.code
 print(json.dumps({"rc": code, "modules": sorted(sys.modules)}))
 """
 
 
-def _modules(who: Identity, *args: str) -> set[str]:
+def _modules(who: Identity, *args: str, first: str = "") -> set[str]:
+    """The modules of a ``corral run ARGS -- /bin/true`` at its end; ``first``: modules
+    (NAME,NAME) imported before the CLI, for a control."""
     script = who.tmp / "modules.py"
     script.write_text(MODULES)
     script.chmod(0o644)
     python = who.prefix()[-1]  # who.run adds the change of user
-    proc = who.run([python, str(script), "run", *args, "--", "/bin/true"])
+    proc = who.run([python, str(script), first, "run", *args, "--", "/bin/true"])
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["rc"] == 0, proc.stderr
@@ -64,6 +74,8 @@ def test_corral_run_does_not_load_what_it_does_not_use(who: Identity) -> None:
     mine.write_text((Path(profiles.SHIPPED) / "shell.toml").read_text() + "# mine\n")
     mine.chmod(0o644)
     assert {"tomllib", "datetime"} <= _modules(who, "--profile", str(mine))
+    # Control: a module of the list imported on purpose before the CLI is seen.
+    assert {"dataclasses", "inspect"} <= _modules(who, first="dataclasses") & NOT_LOADED
 
 
 def test_landlock_rights_agree_with_the_init() -> None:
@@ -134,3 +146,177 @@ def test_profile_cache_write_round_trips(tmp_path: Path) -> None:
             assert profcache.lookup(text, path) == tomllib.loads(text.decode()), name
     finally:
         profcache._texts.cache_clear()
+
+
+# corral.record against what it replaces: the same class body as a dataclass and as a
+# Record, and as a typing.NamedTuple and a corral.record.NamedTuple.
+BODY = """
+class Sample(BASE):
+    \"\"\"A sample.\"\"\"
+
+    name: str
+    blob: bytes = FIELD
+    size: int = 3
+    tags: list[str] = FACTORY
+
+    def __post_init__(self) -> None:
+        if self.size < 0:
+            raise ValueError("negative")
+
+    def twice(self) -> int:
+        return self.size * 2
+"""
+
+
+def _sample(kind: str, frozen: bool) -> type:
+    ns: dict[str, object] = {"__name__": __name__}  # a module dataclasses can look up
+    if kind == "dataclass":
+        import dataclasses
+
+        ns.update(BASE="object", FIELD=dataclasses.field(default=b"", repr=False),
+                  FACTORY=dataclasses.field(default_factory=list))
+        exec(BODY.replace("(BASE)", ""), ns)
+        return dataclasses.dataclass(frozen=frozen, slots=True)(ns["Sample"])  # type: ignore
+    ns.update(BASE=record.Record, FIELD=record.field(default=b"", repr=False),
+              FACTORY=record.field(default_factory=list))
+    exec(BODY.replace("(BASE)", "(BASE, frozen=True)" if frozen else "(BASE)"), ns)
+    return ns["Sample"]  # type: ignore[return-value]
+
+
+def _outcome(fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        return type(e)
+
+
+CALLS: list[tuple[tuple[object, ...], dict[str, object]]] = [
+    (("a",), {}), (("a", b"x", 4), {}), ((), {"name": "a", "size": 5}), (("a",), {"tags": ["t"]}),
+    ((), {}), (("a",), {"name": "b"}), (("a",), {"bogus": 1}), (("a", b"", 1, [], 9), {}),
+    (("a",), {"size": -1})]
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+@pytest.mark.parametrize(("args", "kwargs"), CALLS)
+def test_record_behaves_as_the_dataclass(frozen: bool, args: tuple[object, ...],
+                                         kwargs: dict[str, object],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    dc, rc = _sample("dataclass", frozen), _sample("record", frozen)
+    monkeypatch.setitem(globals(), "Sample", rc)  # where pickle finds the class
+    want, got = _outcome(dc, *args, **kwargs), _outcome(rc, *args, **kwargs)
+    if isinstance(want, type):  # the same error: TypeError for the call, ValueError post-init
+        assert isinstance(got, type) and issubclass(got, want)
+        return
+    assert not isinstance(got, type), got
+    assert repr(got) == repr(want)  # blob: repr=False in both
+    assert [getattr(got, n) for n in record.field_names(rc)] == [
+        getattr(want, f.name) for f in dataclasses.fields(want)]  # type: ignore[arg-type]
+    assert got.twice() == want.twice()  # type: ignore[attr-defined]
+    moved = record.replace(got, size=7)
+    assert repr(moved) == repr(dataclasses.replace(want, size=7)) and moved != got
+    assert _outcome(record.replace, got, size=-1) is ValueError  # __post_init__ runs again
+    assert pickle.loads(pickle.dumps(got)) == got and copy.deepcopy(got) == got
+    assert got != want and rc.__match_args__ == dc.__match_args__  # type: ignore[attr-defined]
+    # a list field: unhashable, frozen or not, as the dataclass
+    assert _outcome(hash, got) is _outcome(hash, want) is TypeError
+    if frozen:
+        for change in (_outcome(setattr, got, "size", 1), _outcome(delattr, got, "size")):
+            assert isinstance(change, type) and issubclass(change, AttributeError)
+        assert got == rc(*args, **kwargs)  # unchanged
+    else:
+        got.size = 8  # type: ignore[attr-defined]
+        assert got.size == 8  # type: ignore[attr-defined]
+    fresh = rc("a")
+    fresh.tags.append("x")
+    assert rc("a").tags == []  # each instance its own default
+    assert record.replace(dc("a"), size=9) == dc("a", size=9)  # a dataclass: handed on
+
+
+def test_frozen_records_hash_by_value() -> None:
+    from corral.policy import Limits, Policy
+
+    assert hash(Policy()) == hash(Policy()) and Policy() == Policy()
+    assert record.replace(Policy(), limits=Limits(pids=9)) != Policy()
+    assert {Policy(), Policy(), Policy(name="x")} == {Policy(), Policy(name="x")}
+
+
+def test_record_field_order_is_checked() -> None:
+    for base in ("record.Record", "record.NamedTuple"):
+        with pytest.raises(TypeError, match="follows"):
+            exec(f"class Bad({base}):\n    a: int = 1\n    b: int\n", {"record": record,
+                                                                         "__name__": "bad"})
+    exec("class Good(record.Record):\n    b: int\n    a: int = 1\n", {"record": record,
+                                                                       "__name__": "good"})
+
+
+NT_BODY = """
+class Sample(BASE):
+    \"\"\"A sample.\"\"\"
+
+    name: str
+    size: int = 3
+    tags: tuple[str, ...] = ()
+
+    def twice(self) -> int:
+        return self.size * 2
+"""
+
+
+def test_named_tuple_is_typings() -> None:
+    import typing
+
+    made: list[Any] = []
+    for base in (typing.NamedTuple, record.NamedTuple):
+        ns: dict[str, object] = {"__name__": "sample", "BASE": base}
+        exec(NT_BODY, ns)
+        made.append(ns["Sample"])
+    want, got = made
+    for attr in ("_fields", "_field_defaults", "__doc__", "__qualname__", "__module__",
+                 "__match_args__", "__mro__"):
+        assert (attr, getattr(got, attr)) == (attr, getattr(want, attr)) or attr == "__mro__"
+    assert [c.__name__ for c in got.__mro__] == [c.__name__ for c in want.__mro__]
+    assert list(got.__annotations__) == list(want.__annotations__)
+    for args in (("a",), ("a", 4), ("a", 4, ("t",))):
+        w, g = want(*args), got(*args)
+        assert (repr(g), tuple(g), g._asdict(), g.twice()) == (repr(w), tuple(w), w._asdict(),
+                                                               w.twice())
+        assert g._replace(size=1) == w._replace(size=1) and hash(g) == hash(w)
+    for bad in ('class X(BASE):\n    a: int = 1\n    b: int\n',
+                'class X(BASE):\n    a: int\n    def _asdict(self): pass\n'):
+        errors: list[Any] = []
+        for base in (typing.NamedTuple, record.NamedTuple):
+            try:
+                exec(bad, {"__name__": "sample", "BASE": base})
+                errors.append(None)
+            except Exception as e:
+                errors.append(type(e))
+        assert errors[0] is not None and errors[1] is not None
+        assert issubclass(errors[1], errors[0]) or issubclass(errors[0], errors[1])
+
+
+def test_run_path_named_tuples_are_namedtuples() -> None:
+    from corral import (
+        audit,
+        bwrap,
+        export,
+        fsops,
+        guard,
+        host,
+        limits,
+        locate,
+        repos,
+        seccomp,
+        workspace,
+    )
+
+    found = 0
+    for module in (audit, bwrap, export, fsops, guard, host, limits, locate, repos, resolve,
+                   seccomp, workspace):
+        for value in vars(module).values():
+            if isinstance(value, type) and issubclass(value, tuple) and hasattr(value, "_fields") \
+                    and value.__module__ == module.__name__:
+                found += 1
+                assert value._fields == tuple(value.__annotations__), value
+    assert found >= 30

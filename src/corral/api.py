@@ -9,7 +9,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast, overload
 
 from . import audit, cinit, egress, enforce, fsops, guard, host, pending, resolve, workspace
@@ -20,6 +19,7 @@ from .errors import CorralError, Interrupted, UsageError
 from .launch import CORRAL_FAILED
 from .limits import Plan
 from .policy import Policy
+from .record import Record, field
 from .workspace import Change, RunDir
 
 if TYPE_CHECKING:  # and imported where used: `corral run` pays for neither (bench/floor.py)
@@ -30,8 +30,7 @@ if TYPE_CHECKING:  # and imported where used: `corral run` pays for neither (ben
 __all__ = ["Result", "plan", "plan_agent", "run", "run_agent"]
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(Record, frozen=True):
     """How a run ended and what it left behind.  Output and file names are untrusted."""
 
     exit_code: int  # the command's own; 128+N for signal N; 124 timeout; 125 error

@@ -40,12 +40,11 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from . import discover, fsops, gitconfig, gitredirect, gitstate, repos
+from . import discover, fsops, gitconfig, gitstate, repos
 from .fswalk import join, move, walk
 from .guard import Finding
+from .record import NamedTuple, Record, field
 
 __all__ = ["INERT", "Action", "Auditor", "Census", "census_of_findings", "census_of_tree"]
 
@@ -86,8 +85,7 @@ class Action(NamedTuple):
         return {k: v for k, v in self._asdict().items() if v is not None}
 
 
-@dataclass(slots=True)
-class Census:
+class Census(Record):
     """The writable trees at launch, as the audit compares them."""
 
     trees: tuple[tuple[str, tuple[int, int] | None], ...]  # (top, whose they are)
@@ -344,6 +342,8 @@ class Auditor:
             # something the launch did not hold (the user's own rebase -x stays theirs).
             if what - self.census.commands.get(tree.path(state), frozenset()):
                 self._quarantine(tree, state, gitstate.why(state, what))
+        from . import gitredirect  # hashlib, zlib, tempfile: only where a git dir is audited
+
         for sub, why, back in gitredirect.planted(tree, rel, self.census.changed,
                                                      self.packs):
             self._quarantine(tree, sub, f"made or changed during the run: {why}; move it "

@@ -23,11 +23,11 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import IO, Any
 
 from .engines import Engine
 from .errors import UsageError
+from .record import replace
 from .request import RunRequest, parse_json
 from .result import RunResult
 

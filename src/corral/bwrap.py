@@ -34,8 +34,9 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
+
+from .record import NamedTuple, Record, field
 
 __all__ = [
     "CINIT_PATH",
@@ -241,8 +242,7 @@ class Mount(NamedTuple):
     copy_perms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Sandbox:
+class Sandbox(Record, frozen=True):
     """One sandbox, fully resolved.  Produced by :mod:`corral.resolve`, consumed here."""
 
     argv: tuple[str, ...]  # the payload, argv[0] an absolute path inside

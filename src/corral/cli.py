@@ -14,10 +14,10 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any, NoReturn
 
 from .errors import CorralError, Interrupted, UsageError
+from .record import replace
 
 SETUP_FAILED = 125
 USAGE = """corral run [options] -- CMD [ARG...]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import replace
 from typing import Any
 
 from .cli import _ending, _env, _policy, network_line
 from .errors import UsageError
+from .record import replace
 
 __all__ = ["cmd_agent"]
 

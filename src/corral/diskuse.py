@@ -38,7 +38,8 @@ import stat
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+
+from .record import Record
 
 __all__ = ["BLOCK", "DiskUse", "Stopped", "Unmeasurable", "descendants", "measure"]
 
@@ -66,8 +67,7 @@ class Stopped(Exception):
     """The measurement was called off: the run is over."""
 
 
-@dataclass(slots=True)
-class DiskUse:
+class DiskUse(Record):
     """One measurement of a workspace."""
 
     bytes: int = 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass, field
 from typing import Any
 
 from . import cgroups, diskimage, limits
@@ -27,14 +26,14 @@ from .launch import Launch, Outcome
 from .limits import Plan, Usage
 from .mountns import ChildMounts
 from .policy import Policy
+from .record import Record, field
 from .watch import Watch
 
 __all__ = ["Limited", "check", "image_unavailable", "launch_limited", "make_image",
            "release_image"]
 
 
-@dataclass(slots=True)
-class Limited:
+class Limited(Record):
     """A run's outcome with what its cgroup counted and what the record should say."""
 
     outcome: Outcome

@@ -28,13 +28,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any
 
 from . import api, fsops, workspace
 from .errors import CorralError, UsageError
 from .policy import Network, Policy
 from .profiles import load_profile, profile_for_command
+from .record import replace
 from .request import Fetched, RequestLimits, RunRequest
 from .result import RunResult
 

@@ -35,9 +35,9 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from typing import NamedTuple
 
 from .fsops import acting_as, open_beneath
+from .record import NamedTuple
 
 __all__ = ["Exported", "export"]
 

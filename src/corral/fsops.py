@@ -34,7 +34,6 @@ import os
 import stat
 from collections.abc import Iterator
 from types import TracebackType
-from typing import NamedTuple
 
 # The openat2 walk and the owner's identity, which every Tree operation rests on.
 from .beneath import (
@@ -48,6 +47,7 @@ from .beneath import (
     reason,
     split,
 )
+from .record import NamedTuple
 
 __all__ = ["HOST_FILE_CAP", "Entry", "Tree", "acting_as", "kind_of", "open_beneath",
            "open_host_file", "read_file", "reason", "remove_tree", "split"]

@@ -54,15 +54,12 @@ Reads go through :mod:`corral.fsops`.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import os
-import resource
 import shutil
 import stat
 import struct
 import subprocess
-import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -263,6 +260,8 @@ def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str, budget: Bu
     fd = tree.open_regular(rel)
     if fd is None:
         return False
+    import hashlib  # here: hashlib (OpenSSL) stays off the run path (tests/test_startup.py)
+
     digest, inflate = hashlib.new(algorithm), zlib.decompressobj()
     began = time.monotonic()
     deadline = began + budget.left
@@ -317,6 +316,8 @@ def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str, budget: Bu
     within what is left of ``budget`` and the bounds of :data:`INDEX_PACK_BYTES`."""
     if budget.left < 1:
         return False
+    import tempfile  # here: tempfile loads random, off the run path (tests/test_startup.py)
+
     git = shutil.which("git")
     try:
         said = _pack_index(tree.read(idx, INDEX_CAP) or b"")
@@ -366,6 +367,8 @@ def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str, budget: Bu
 def _bounded(seconds: float) -> Callable[[], None]:
     """index-pack's limits, set in its process before git runs (nothing but setrlimit:
     safe after a fork)."""
+    import resource  # here, with index-pack: off the run path
+
     cpu = int(seconds) + 1
     setrlimit, limits = resource.setrlimit, ((resource.RLIMIT_AS, INDEX_PACK_BYTES),
                                              (resource.RLIMIT_CPU, cpu))

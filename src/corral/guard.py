@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import NamedTuple
 
 from .errors import UsageError
 from .host import HostFacts
 from .policy import check_path
+from .record import NamedTuple
 
 __all__ = ["CREDENTIAL_DIRS", "Finding", "check_workspace", "check_writable_root",
            "userns_hint"]

@@ -11,9 +11,9 @@ import os
 import re
 import stat
 import subprocess
-from typing import NamedTuple
 
 from .errors import HostError
+from .record import NamedTuple
 
 __all__ = ["Cgroups", "HostFacts", "detect"]
 

@@ -30,12 +30,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from . import bwrap, cinit, fsops, tty
 from .bwrap import Data, HostFile, PathHandle, Sandbox
 from .errors import HostError, LaunchError
+from .record import Record, field
 
 if TYPE_CHECKING:
     from .cgroups import RunCgroup
@@ -52,8 +52,7 @@ CORRAL_FAILED = 125  # the exit status of a run corral could not set up or see t
 _FS_ENCODING, _FS_ERRORS = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
 
 
-@dataclass(slots=True)
-class Outcome:
+class Outcome(Record):
     """What happened to one run, before the workspace is looked at."""
 
     status: str  # exited, signaled, timeout, output-limit, disk-limit, error (oom: see api)

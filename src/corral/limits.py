@@ -30,10 +30,10 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from typing import NamedTuple
 
 from .errors import HostError
 from .policy import CORRAL_PIDS, Limits
+from .record import NamedTuple
 
 __all__ = ["Access", "Plan", "Usage", "describe", "doctor_rows", "plan", "requested", "usage",
            "verdict"]

@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from . import fsops
 from .errors import UsageError
+from .record import NamedTuple
 
 __all__ = ["Landing", "Roots", "land"]
 

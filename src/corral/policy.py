@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
 
 from .errors import UsageError
+from .record import Record, field, field_names, replace
 
 __all__ = ["Allow", "Limits", "Network", "Policy", "State", "parse_duration", "parse_size"]
 
@@ -119,8 +119,7 @@ def _positive(obj: object, names: tuple[str, ...]) -> None:
                              "give a value above zero, or leave it unset")
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
+class Limits(Record, frozen=True):
     """Per-run resource limits.  ``None`` means "not requested"."""
 
     timeout_s: float | None = 300.0  # wall clock, from launch to kill
@@ -138,7 +137,7 @@ class Limits:
     ptys: int = 0  # pseudo-terminals the run may open (its own devpts, max=); 0: none
 
     def __post_init__(self) -> None:
-        _positive(self, tuple(f.name for f in fields(self) if f.name != "ptys"))
+        _positive(self, tuple(n for n in field_names(self) if n != "ptys"))
         if isinstance(self.ptys, bool) or not 0 <= self.ptys <= MAX_PTYS:
             raise UsageError(f"limit ptys = {self.ptys!r} must be between 0 and {MAX_PTYS}",
                              "every sandbox's pseudo-terminals come from one kernel-wide pool",
@@ -163,8 +162,7 @@ class Limits:
         return min(self.nofile, self.files // (self.pids + CORRAL_PIDS))
 
 
-@dataclass(frozen=True, slots=True)
-class Network:
+class Network(Record, frozen=True):
     """Egress rules.  An empty ``allow`` means no network at all."""
 
     allow: tuple[str, ...] = ()  # NAME or *.NAME, optionally :PORT
@@ -178,8 +176,7 @@ class Network:
             parse_network(self)
 
 
-@dataclass(frozen=True, slots=True)
-class Allow:
+class Allow(Record, frozen=True):
     """Named relaxations.  Each one weakens the sandbox; all default to off."""
 
     nested_userns: bool = False  # run where bwrap cannot --disable-userns (setuid, < 0.8)
@@ -189,7 +186,7 @@ class Allow:
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
-        return tuple(f.name.replace("_", "-") for f in fields(cls))
+        return tuple(n.replace("_", "-") for n in field_names(cls))
 
     def adding(self, names: Sequence[str]) -> Allow:
         """These relaxations on top of ours, by their ``--allow`` names; UsageError if unknown."""
@@ -201,8 +198,7 @@ class Allow:
         return replace(self, **{n.replace("-", "_"): True for n in names})
 
 
-@dataclass(frozen=True, slots=True)
-class State:
+class State(Record, frozen=True):
     """Agent mode: the agent's state, kept in corral's private copy (see corral.agent.state).
 
     Paths are ``~/...`` in the agent's home.  ``dirs`` are mounted writable from corral's
@@ -230,8 +226,7 @@ class State:
                                  f"list its folder in dirs, or fix the path ({self.dirs})")
 
 
-@dataclass(frozen=True, slots=True)
-class Policy:
+class Policy(Record, frozen=True):
     """What one sandbox may do.  Built from a profile plus flags; see :mod:`corral.profiles`."""
 
     name: str = "default"

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from .errors import ProfileError, UsageError
 from .policy import Allow, Limits, Network, Policy, State, parse_duration, parse_size
+from .record import replace
 
 __all__ = ["builtin_profiles", "load_profile", "policy_from_mapping",
            "profile_for_command"]

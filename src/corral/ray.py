@@ -29,9 +29,9 @@ Nothing is imported from Ray until one of these functions is called.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import replace
 from typing import Any
 
+from .record import replace
 from .request import RunRequest
 from .result import RunResult
 

@@ -36,13 +36,13 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from typing import NamedTuple
 
 from . import fsops, gitconfig
 from .errors import UsageError
 from .fswalk import walk
 from .guard import Finding
 from .locate import Landing, Roots, land
+from .record import NamedTuple
 
 __all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "gather", "git_findings", "gitfile_target",
            "global_config", "global_paths", "holds_git_dir", "hook_folders", "is_git_dir",

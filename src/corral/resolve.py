@@ -12,7 +12,7 @@ import os
 import pwd
 import stat
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import cinit, discover, fsops, interp, seccomp
 from .bwrap import DEV_SEAL, ROOT_SEAL, Mount, Sandbox, run_mounts
@@ -21,6 +21,7 @@ from .host import HostFacts
 from .interp import INTERPRETER, check_prefix, prefix_of, which_command
 from .policy import Policy, passed
 from .reach import dir_modes
+from .record import NamedTuple
 
 __all__ = ["Command", "resolve_command", "resolve_run"]
 

@@ -17,11 +17,12 @@ each has its own :class:`~corral.api.Result`.  ``status`` sums them up in one wo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from .api import Result
 from .errors import UsageError
+from .record import field_names
 from .request import (
     Fetched,
     decode_bytes,
@@ -36,7 +37,7 @@ __all__ = ["STATUSES", "RunResult", "result_from_json", "result_to_json"]
 
 STATUSES = ("exited", "signaled", "timeout", "oom", "output-limit", "disk-limit",
             "compile-failed", "invalid", "error")
-RESULT_KEYS = tuple(f.name for f in fields(Result))
+RESULT_KEYS = field_names(Result)
 
 
 def result_to_json(result: Result) -> dict[str, Any]:

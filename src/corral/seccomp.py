@@ -30,9 +30,10 @@ import ctypes
 import errno
 import functools
 import os
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from .errors import HostError
+from .record import NamedTuple
 
 if TYPE_CHECKING:  # the tables cost ~2 ms to import: a start served by the cache skips them
     from .policy import Policy

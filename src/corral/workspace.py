@@ -18,12 +18,13 @@ import os
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import fsops
 from .errors import UsageError
 from .fswalk import remove
 from .policy import check_path
+from .record import NamedTuple
 
 __all__ = ["Change", "RunDir", "collect", "default_runs_dir", "prepare", "quarantine",
            "record_dir", "snapshot", "write_record"]

@@ -41,13 +41,14 @@ import contextlib
 import os
 import resource
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..bwrap import Sandbox
 from ..errors import LaunchError
 from ..policy import Network
+from ..record import replace
 from . import forked
 from .account import BYTE_BUDGET, Account
 from .log import DecisionLog

@@ -23,12 +23,13 @@ import fcntl
 import os
 import stat
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from .. import api, diskuse, execute, fsops, host, resolve, workspace
 from ..errors import UsageError
 from ..policy import Policy, check_path
+from ..record import replace
 from ..request import RunRequest
 from ..result import RunResult
 

@@ -13,13 +13,13 @@ server turns it into a tool error.  A tool call never widens the server's policy
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ..api import Result
 from ..errors import UsageError
 from ..execute import capped
 from ..policy import Policy
+from ..record import replace
 from ..request import (
     LANGUAGES,
     RequestLimits,

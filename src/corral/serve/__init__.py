@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import replace
 from typing import Any
 
 from ..errors import UsageError
 from ..httpauth import add_argument as add_token_argument
 from ..httpauth import read_token
+from ..record import replace
 from .config import Caps, Config
 
 __all__ = ["Caps", "Config", "add_arguments", "main", "serve", "uvicorn_options"]
