@@ -286,7 +286,7 @@ def test_a_forged_loose_object_does_not_hide_an_edit(who: Identity, lab: Lab) ->
 # The agent packs its EVIL blob and writes the pack's index as if it held the blob HEAD:f
 # names: git finds objects in packs first, through the index, unchecked.
 FORGE_PACK = r'''
-import hashlib, os, struct, subprocess, zlib
+import hashlib, os, struct, subprocess, sys, zlib
 def run(*a, **k):
     return subprocess.run(["git", *a], check=True, capture_output=True, **k).stdout
 target = bytes.fromhex(run("rev-parse", "HEAD:f").decode().strip())
@@ -300,18 +300,40 @@ body = (b"\377tOc" + struct.pack(">I", 2) + fan + target
 os.chmod(base + ".idx", 0o644)
 open(base + ".idx", "wb").write(body + hashlib.sha1(body).digest())
 os.unlink(".git/objects/" + evil[:2] + "/" + evil[2:])
+if sys.argv[1:]:  # git reads any NAME.idx with its NAME.pack, not only pack-HASH.idx
+    for ext in (".idx", ".pack"):
+        os.rename(base + ext, ".git/objects/pack/" + sys.argv[1] + ext)
 '''
 
 
-def test_a_lying_pack_index_does_not_hide_an_edit(who: Identity, lab: Lab) -> None:
+@pytest.mark.parametrize("name", ["", "evil"])
+def test_a_lying_pack_index_does_not_hide_an_edit(who: Identity, lab: Lab, name: str) -> None:
     """The pack form of the forged object: after it, host ``git diff`` shows nothing and
-    ``git show HEAD:f`` shows the edit as the commit's (redteam)."""
+    ``git show HEAD:f`` shows the edit as the commit's (redteam); under git's own name for
+    it (``pack-HASH``) or any other (``evil.idx``, ``evil.pack``: git reads it too)."""
     for sandbox in ("corral", "naive"):
         project = _project(lab)
         (project / "forge.py").write_text(FORGE_PACK)
         lab.own(project)
-        stderr = _plant(who, lab, sandbox, "python3 forge.py && rm forge.py && echo EVIL > f")
+        stderr = _plant(who, lab, sandbox,
+                        f"python3 forge.py {name} && rm forge.py && echo EVIL > f")
         shown = _edit_hidden(who, project, sandbox, stderr)
         if sandbox == "corral":
             assert "quarantined" in stderr and "git index-pack" in stderr, stderr
             assert shown.stdout == "ok\n", shown  # the user's own blob, read loose again
+
+
+def test_the_agents_own_repack_stays(who: Identity, lab: Lab) -> None:
+    """The pack the agent's ``git repack`` writes is re-indexed on the host
+    within the bounds given to ``git index-pack`` (one thread, its address space and time
+    capped, as the tree's owner) and agrees with it: nothing of it is quarantined (``git
+    gc`` also writes a commit-graph, which goes: see the shallow and graph test)."""
+    project = _project(lab)
+    stderr = _plant(who, lab, "corral", (
+        "echo more > g && git add g && git -c user.name=a -c user.email=a@example.invalid "
+        "commit -qm more && git repack -adq"))
+    assert "git index-pack" not in stderr and "quarantined" not in stderr, stderr
+    assert list((project / ".git" / "objects" / "pack").glob("pack-*.idx")), "no pack made"
+    assert _host_git(who, project, "show", "HEAD:g").stdout == "more\n"
+    fsck = _host_git(who, project, "fsck", "--strict")
+    assert fsck.returncode == 0, fsck

@@ -169,6 +169,17 @@ except LaunchError as e:
     out["bad_log"] = str(e)
 out["bad_log_reaped"] = reaped(pid)
 
+s = es.prefork(net)  # handed to a run of other rules: never that run's proxy
+pid = s.child.pid
+other = es.open_session(Network(allow=("other.test",)), None, early=s)
+out["other_rules"] = [other is not s, reaped(pid),
+                      other.rules == es.compile_rules(Network(allow=("other.test",)))]
+other.close()
+s = es.prefork(net)  # the control: the same rules take the early process
+same = es.open_session(net, None, early=s)
+out["same_rules"] = same is s
+same.close()
+
 s = es.prefork(net)  # begun: the child serves with the log it was handed
 pid = s.child.pid
 run = tempfile.mkdtemp()
@@ -186,9 +197,10 @@ print(json.dumps(out))
 
 
 def test_the_early_proxy_process_is_handed_its_log_or_killed(who: Identity) -> None:
-    """prefork's three endings: discarded (the run failed before it started: killed and
+    """prefork's endings: discarded (the run failed before it started: killed and
     reaped), a log that cannot be made (LaunchError before the launch, reaped), begun (the
-    child holds the log, the launcher does not, and it ends with no failure).  Controls: a
+    child holds the log, the launcher does not, and it ends with no failure), handed to a run
+    of other rules (discarded; that run gets a proxy of its own rules).  Controls: a
     library caller, and a policy that allows nothing, get no early process."""
     script = write_script(who, "early.py", EARLY)
     proc = who.run([who.prefix()[-1], str(script)])
@@ -198,6 +210,7 @@ def test_the_early_proxy_process_is_handed_its_log_or_killed(who: Identity) -> N
     assert out["alive"] and out["discarded"], out
     assert out["bad_log"].startswith("cannot start the egress proxy"), out
     assert out["bad_log_reaped"], out
+    assert out["other_rules"] == [True, True, True] and out["same_rules"], out
     odd = [t for t in out["child_fds"] if not (t in ("/dev/null", "anon_inode:[eventpoll]")
                                                or t.startswith(("socket:", "pipe:"))
                                                or t.endswith("/egress.jsonl"))]

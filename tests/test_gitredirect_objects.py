@@ -4,8 +4,11 @@ link, one that does not inflate, and one not changed during the run are told apa
 
 from __future__ import annotations
 
+import hashlib
 import os
+import struct
 import subprocess
+import time
 import zlib
 from pathlib import Path
 
@@ -23,9 +26,11 @@ def _repo(tmp_path: Path, fmt: str) -> tuple[Path, str]:
     return repo, oid
 
 
-def _found(repo: Path, changed: bool = True) -> list[str]:
+def _found(repo: Path, changed: bool = True, budget: gitredirect.Budget | None = None
+           ) -> list[str]:
     with fsops.Tree(str(repo)) as tree:
-        return list(gitredirect._loose(tree, ".git", lambda st: changed and st is not None))
+        return list(gitredirect._loose(tree, ".git", lambda st: changed and st is not None,
+                                       budget or gitredirect.Budget()))
 
 
 @pytest.mark.parametrize("fmt", ["sha1", "sha256"])
@@ -96,10 +101,12 @@ def test_a_pack_git_wrote_passes_and_its_index_is_read(tmp_path: Path, fmt: str,
     assert _packs(repo) == []
 
 
-def _packs(repo: Path, changed: bool = True) -> list[str]:
+def _packs(repo: Path, changed: bool = True, budget: gitredirect.Budget | None = None
+           ) -> list[str]:
     with fsops.Tree(str(repo)) as tree:
         return [rel for rel, _ in gitredirect._packs(
-            tree, ".git", lambda st: changed and st is not None)]
+            tree, ".git", lambda st: changed and st is not None,
+            budget or gitredirect.Budget())]
 
 
 def test_an_index_that_lies_or_lists_a_name_twice_is_found(tmp_path: Path) -> None:
@@ -138,3 +145,127 @@ def test_unchecked_pack_caches_made_during_the_run_go(tmp_path: Path) -> None:
         f".git/objects/pack/{n}" for n in ("multi-pack-index", idx.name[:-4] + ".bitmap",
                                            idx.name[:-4] + ".rev"))
     assert _packs(repo, changed=False) == []
+
+
+# The host's git index-pack runs on what the agent wrote, outside the sandbox: a pack of
+# a few KiB whose deltas each copy a 16 MiB base many times is an object of any size.
+BASE = 0xFF0000  # the largest copy a delta's one-byte size field gives (0xFF << 16)
+
+
+def _delta_bomb(objects: int, copies: int) -> bytes:
+    """A valid pack: one blob of BASE zero bytes, then ``objects`` deltas against it, each
+    ``copies`` copies of the whole base and a tail of its own (the objects differ)."""
+    def header(kind: int, size: int) -> bytes:
+        out = [(kind << 4) | (size & 15)]
+        size >>= 4
+        while size:
+            out[-1] |= 0x80
+            out.append(size & 0x7F)
+            size >>= 7
+        return bytes(out)
+
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while n >= 0x80:
+            out.append(n & 0x7F | 0x80)
+            n >>= 7
+        return bytes(out + bytes([n]))
+
+    def back(n: int) -> bytes:  # an OFS_DELTA's distance to its base
+        out = [n & 0x7F]
+        n >>= 7
+        while n:
+            n -= 1
+            out.insert(0, 0x80 | (n & 0x7F))
+            n >>= 7
+        return bytes(out)
+
+    body = bytearray(b"PACK" + struct.pack(">II", 2, 1 + objects))
+    base_at = len(body)
+    body += header(3, BASE) + zlib.compress(bytes(BASE), 9)
+    for i in range(objects):
+        tail = b"%d" % i
+        delta = (varint(BASE) + varint(copies * BASE + len(tail))
+                 + bytes([0x80 | 0x40, BASE >> 16]) * copies + bytes([len(tail)]) + tail)
+        at = len(body)
+        body += header(6, len(delta)) + back(at - base_at) + zlib.compress(delta, 9)
+    return bytes(body + hashlib.sha1(body).digest())
+
+
+def _plant(repo: Path, name: str, pack: bytes, idx: bytes) -> str:
+    top = repo / ".git" / "objects" / "pack"
+    top.mkdir(parents=True, exist_ok=True)
+    (top / f"{name}.pack").write_bytes(pack)
+    (top / f"{name}.idx").write_bytes(idx)
+    return f".git/objects/pack/{name}.idx"
+
+
+def test_index_pack_on_the_agents_pack_is_bounded_in_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    repo, _ = _repo(tmp_path, "sha1")
+    pack = _delta_bomb(1, 32)  # ~16 KiB: one object of 510 MiB
+    assert len(pack) < 64 << 10
+    (tmp_path / "bomb.pack").write_bytes(pack)
+    # The control, unbounded: index-pack takes the object whole into memory, and the
+    # index it writes is the truth about the pack.
+    child = subprocess.Popen(["git", "index-pack", "--threads=1", "-o",
+                              str(tmp_path / "bomb.idx"), str(tmp_path / "bomb.pack")],
+                             stdout=subprocess.DEVNULL, cwd=tmp_path)
+    _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    assert child.returncode == 0
+    assert usage.ru_maxrss > 400 << 10  # KiB: the 16 KiB pack held 510 MiB
+    rel = _plant(repo, "pack-bomb", pack, (tmp_path / "bomb.idx").read_bytes())
+    monkeypatch.setattr(gitredirect, "INDEX_PACK_BYTES", 256 << 20)
+    assert _packs(repo) == [rel]  # bounded below what it needs: not vouched for, it goes
+    monkeypatch.setattr(gitredirect, "INDEX_PACK_BYTES", 4 << 30)
+    assert _packs(repo) == []  # the bound is what refused it: the index is true
+
+
+def test_index_pack_time_is_one_budget_for_all_the_runs_packs(tmp_path: Path) -> None:
+    repo, idx = _packed(tmp_path)
+    honest = idx.name[:-4]
+    for ext in (".idx", ".pack"):  # after the bomb in the order the audit takes them
+        os.rename(idx.parent / f"{honest}{ext}", idx.parent / f"pack-z{ext}")
+    assert _packs(repo, budget=gitredirect.Budget(600)) == []
+    # 300 objects of 255 MiB each, ~50 KiB: minutes of hashing for index-pack unbounded;
+    # its index is a well-formed one (another pack's) so that index-pack is asked.
+    bomb = _plant(repo, "pack-bomb", _delta_bomb(300, 16),
+                  (idx.parent / "pack-z.idx").read_bytes())
+    budget = gitredirect.Budget(3)
+    began = time.monotonic()
+    found = _packs(repo, budget=budget)
+    assert time.monotonic() - began < 90, "index-pack ran past the audit's budget"
+    assert budget.left <= 0
+    # The honest pack after it is not looked at once the budget is spent: it goes too.
+    assert found == [bomb, ".git/objects/pack/pack-z.idx"]
+    for ext in (".idx", ".pack"):
+        (idx.parent / f"pack-bomb{ext}").unlink()
+    assert _packs(repo, budget=gitredirect.Budget(600)) == []  # control: it passes
+    assert _packs(repo, budget=gitredirect.Budget(0)) == [".git/objects/pack/pack-z.idx"]
+
+
+def test_hashing_loose_objects_shares_the_audits_budget(tmp_path: Path) -> None:
+    """A loose object is hashed by the audit itself: 1 MiB deflated is 1 GiB to inflate
+    and hash (seconds of the host's CPU each), so the objects share the packs' budget; one
+    not finished within it goes, and once it is spent nothing more is vouched for."""
+    repo, small = _repo(tmp_path, "sha1")
+    size = 1 << 30
+    head, zeros = b"blob %d\0" % size, bytes(1 << 24)
+    deflate, digest = zlib.compressobj(9), hashlib.sha1(head)
+    parts = [deflate.compress(head)]
+    for _ in range(size >> 24):
+        parts.append(deflate.compress(zeros))
+        digest.update(zeros)
+    data = b"".join([*parts, deflate.flush()])
+    assert len(data) < 2 << 20
+    big = digest.hexdigest()  # an honest object: its content is its name
+    (repo / ".git" / "objects" / big[:2]).mkdir(exist_ok=True)
+    (repo / ".git" / "objects" / big[:2] / big[2:]).write_bytes(data)
+    assert _found(repo, budget=gitredirect.Budget(600)) == []  # control: it is checked
+    budget = gitredirect.Budget(0.2)
+    began = time.monotonic()
+    assert f".git/objects/{big[:2]}/{big[2:]}" in _found(repo, budget=budget)
+    assert time.monotonic() - began < 60 and budget.left <= 0
+    assert sorted(_found(repo, budget=budget)) == sorted(
+        f".git/objects/{o[:2]}/{o[2:]}" for o in (big, small))  # spent: none vouched for

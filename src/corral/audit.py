@@ -41,11 +41,15 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from . import fsops
 from .fswalk import join, move, walk
 from .guard import PROTECTED_NAMES, Finding
 from .record import NamedTuple, Record, field
+
+if TYPE_CHECKING:
+    from .gitredirect import Budget
 
 __all__ = ["INERT", "Action", "Auditor", "Census", "census_of_findings", "census_of_tree"]
 
@@ -242,6 +246,7 @@ class Auditor:
         self.errors: list[OSError] = []  # folders no walk could list, even unlocked
         self.here: str | None = None  # the directory the walk is in, and whether it is
         self.here_is_git = False  # a git directory (each is audited once, not per part)
+        self.packs: Budget | None = None  # time to check objects: one for all git dirs
 
     def run(self) -> list[Action]:
         try:
@@ -365,7 +370,10 @@ class Auditor:
                 self._quarantine(tree, state, gitstate.why(state, what))
         from . import gitredirect  # hashlib, zlib, tempfile: only where a git dir is audited
 
-        for sub, why, back in gitredirect.planted(tree, rel, self.census.changed):
+        if self.packs is None:  # git directories: made at the first, shared by all
+            self.packs = gitredirect.Budget()
+        for sub, why, back in gitredirect.planted(tree, rel, self.census.changed,
+                                                     self.packs):
             self._quarantine(tree, sub, f"made or changed during the run: {why}; move it "
                              "back if it is yours", back=back)
         for nested in ("modules", "worktrees"):

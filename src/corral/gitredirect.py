@@ -28,11 +28,12 @@ these files of a git directory, each reproduced from a ``corral agent`` run in
   that rewrites the blob of a committed file with its own edit makes ``git diff`` show
   nothing, ``git show`` and ``git log -p`` show its text as the commit's, and
   ``git checkout``/``git restore`` of the file write its text back;
-* a pack whose ``.idx`` lies (``objects/pack/pack-*.idx``): git looks objects up in packs
+* a pack whose ``.idx`` lies (``objects/pack/*.idx``, any name): git looks objects up in packs
   before loose ones, through the index, unchecked, so an index that names the blob of a
   committed file for the agent's text does what a forged loose object does.  A pack or
   index made or changed during the run is indexed afresh by the host's own
-  ``git index-pack`` (as the tree's owner, outside any repository, no config), and an
+  ``git index-pack`` (as the tree's owner, outside any repository, no config, with one
+  thread, bounded memory and one time budget for all the audit's packs), and an
   index that does not say what that one says goes; the caches git does without and reads
   unchecked (``multi-pack-index``, ``*.bitmap``, ``*.rev``) go when made or changed;
 * grafts by other names: ``shallow`` cuts the parents of the commits it lists, and
@@ -59,6 +60,7 @@ import shutil
 import stat
 import struct
 import subprocess
+import time
 import zlib
 from collections.abc import Callable, Iterator
 
@@ -83,16 +85,28 @@ REMOTE = ("a remote-tracking ref: moved, `git log origin/main..` and `git status
           "hide commits the next `git push` sends; `git fetch` brings it back")
 UNSEEN = ("the index marks files that git status and git diff would not look at "
           "(assume-unchanged, skip-worktree), so a change there goes unreviewed")
+# The host's git index-pack re-indexes each pack made or changed during the run, outside
+# the sandbox, so what the agent's pack data costs it is bounded: a 16 KiB pack of deltas
+# each copying a 16 MiB base 64 times has index-pack hold 1 GiB per object and hash it
+# (reproduced).  A loose object costs the audit's own hashing as much: 2 MiB of zeros
+# deflated is 2 GiB to inflate and hash, 9 s here (reproduced).  All the loose objects
+# and packs one audit checks share CHECK_S of wall time (those left when it is spent go
+# unchecked, so they go); each index-pack runs with one thread, INDEX_PACK_BYTES of
+# address space and no more CPU seconds than are left.
+CHECK_S = 600
+INDEX_PACK_BYTES = 2 << 30
 FORGED = ("a loose object whose content is not what its name says (git fsck: hash-path "
-          "mismatch): git reads it unchecked, so git diff, show and checkout would give "
-          "its text for what the commit holds")
-LYING = ("a pack index that does not say what git index-pack finds in its pack: git "
+          "mismatch; or one corral could not finish hashing within the "
+          f"{CHECK_S} s it gives all of a run's objects): git reads it unchecked, so git "
+          "diff, show and checkout would give its text for what the commit holds")
+LYING = ("a pack index that does not say what git index-pack finds in its pack (or a "
+         "pack it cannot index within corral's bounds: one thread, "
+         f"{INDEX_PACK_BYTES >> 30} GiB, {CHECK_S} s for all of a run's objects): git "
          "reads objects through it unchecked, so git diff, show and checkout would give "
          "other content than the commit holds")
 PACK_CACHE = ("an index of packs that git reads unchecked and does without (`git repack "
               "-d` or `git multi-pack-index write` rebuilds it)")
 INDEX_CAP = 1 << 30  # bytes of a pack index read to compare (28 bytes an object)
-INDEX_PACK_S = 600  # a changed pack's re-indexing; a pack it cannot index in that time goes
 HEX = frozenset("0123456789abcdef")
 HASHES = {38: "sha1", 62: "sha256"}  # a loose object's name after its folder's two digits
 READ_CHUNK = 1 << 14  # inflated, at most ~16 MiB a part
@@ -107,10 +121,19 @@ WALK_CAP = 100_000  # entries of refs/replace, remotes/ or branches/ walked
 Changed = Callable[[os.stat_result | None], bool]
 
 
-def planted(tree: fsops.Tree, gitdir: str, changed: Changed
+class Budget:
+    """The seconds left to check one audit's loose objects and packs (hashing them, and
+    the host's git index-pack)."""
+
+    def __init__(self, seconds: float = CHECK_S) -> None:
+        self.left = float(seconds)
+
+
+def planted(tree: fsops.Tree, gitdir: str, changed: Changed, budget: Budget | None = None
             ) -> Iterator[tuple[str, str, bytes | None]]:
     """(path relative to ``tree``, why, what to put back or None) for each file of
-    ``gitdir`` that redirects host git and was made or changed during the run."""
+    ``gitdir`` that redirects host git and was made or changed during the run.  ``budget``
+    is shared by every git directory of one audit (a fresh one per call without it)."""
     for name, why in ((ALTERNATES[0], ELSEWHERE), (ALTERNATES[1], ELSEWHERE),
                       ("info/grafts", f"grafts: {REPLACED.format('history')}"),
                       ("shallow", f"shallow (grafts without parents): "
@@ -127,8 +150,9 @@ def planted(tree: fsops.Tree, gitdir: str, changed: Changed
                         ("rr-cache", RERERE)):
         yield from ((rel, why, None) for rel in _files(tree, gitdir, folder, changed))
     yield from _index(tree, gitdir, changed)
-    yield from ((rel, FORGED, None) for rel in _loose(tree, gitdir, changed))
-    yield from ((rel, why, None) for rel, why in _packs(tree, gitdir, changed))
+    budget = budget or Budget()
+    yield from ((rel, FORGED, None) for rel in _loose(tree, gitdir, changed, budget))
+    yield from ((rel, why, None) for rel, why in _packs(tree, gitdir, changed, budget))
     packed = f"{gitdir}/packed-refs"
     verdict = _packed(tree, packed, changed)
     if verdict is not None:
@@ -194,7 +218,8 @@ def _index(tree: fsops.Tree, gitdir: str, changed: Changed
         yield rel, f"{UNSEEN}: {names}{more}", found[0]
 
 
-def _loose(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[str]:
+def _loose(tree: fsops.Tree, gitdir: str, changed: Changed, budget: Budget
+           ) -> Iterator[str]:
     """Loose objects made or changed during the run that are not what their names say:
     anything but a regular file (git follows a link there; corral does not), or one whose
     inflated bytes do not hash to its name.  A folder made a link is taken whole."""
@@ -221,34 +246,44 @@ def _loose(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[str]:
             if algorithm is None or not set(e.name) <= HEX or not changed(e.st):
                 continue  # git's own temporary files (tmp_obj_*) are never read as objects
             if e.kind != "file" or not _hashes_to(tree, f"{rel}/{e.name}", algorithm,
-                                                  folder.name + e.name):
+                                                  folder.name + e.name, budget):
                 yield f"{rel}/{e.name}"
 
 
-def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str) -> bool:
+def _hashes_to(tree: fsops.Tree, rel: str, algorithm: str, name: str, budget: Budget
+               ) -> bool:
     """Whether the loose object ``rel`` inflates, whole, to bytes whose hash is ``name``
-    (read and hashed a part at a time: a large blob costs no memory)."""
+    (read and hashed a part at a time: a large blob costs no memory), found within what
+    is left of ``budget`` (no: not vouched for)."""
+    if budget.left <= 0:
+        return False
     fd = tree.open_regular(rel)
     if fd is None:
         return False
     import hashlib  # here: hashlib (OpenSSL) stays off the run path (tests/test_startup.py)
 
     digest, inflate = hashlib.new(algorithm), zlib.decompressobj()
+    began = time.monotonic()
+    deadline = began + budget.left
     try:
         while chunk := os.read(fd, READ_CHUNK):
             digest.update(inflate.decompress(chunk))
             if inflate.eof:
                 break
+            if time.monotonic() > deadline:
+                return False
         digest.update(inflate.flush())
         ok = inflate.eof and not inflate.unused_data and not os.read(fd, 1)
     except (OSError, zlib.error):
         return False
     finally:
         os.close(fd)
+        budget.left -= time.monotonic() - began
     return ok and digest.hexdigest() == name
 
 
-def _packs(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[tuple[str, str]]:
+def _packs(tree: fsops.Tree, gitdir: str, changed: Changed, budget: Budget
+           ) -> Iterator[tuple[str, str]]:
     """``objects/pack`` entries made or changed during the run that git would read and
     corral cannot vouch for: a lying pack index (see :func:`_index_says_what_git_finds`),
     and the unchecked caches beside them."""
@@ -264,18 +299,23 @@ def _packs(tree: fsops.Tree, gitdir: str, changed: Changed) -> Iterator[tuple[st
         if name == "multi-pack-index" or name.endswith((".bitmap", ".rev")):
             if changed(e.st):
                 yield rel, PACK_CACHE
-        elif name.startswith("pack-") and name.endswith(".idx"):
+        elif name.endswith(".idx"):  # git reads any NAME.idx beside NAME.pack, not
+            # only pack-HASH.idx (tried: a pack renamed evil.idx/evil.pack is read)
             pack = entries.get(name[:-4] + ".pack")
             if pack is None or not (changed(e.st) or changed(pack.st)):
                 continue  # git reads no index without its pack
             if e.kind != "file" or pack.kind != "file" or not _index_says_what_git_finds(
-                    tree, rel, f"{top}/{pack.name}"):
+                    tree, rel, f"{top}/{pack.name}", budget):
                 yield rel, LYING
 
 
-def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str) -> bool:
+def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str, budget: Budget
+                               ) -> bool:
     """Whether the pack index ``idx`` maps each object name to the offset that the host's
-    ``git index-pack`` finds it at in ``pack`` (it inflates and hashes every object)."""
+    ``git index-pack`` finds it at in ``pack`` (it inflates and hashes every object), found
+    within what is left of ``budget`` and the bounds of :data:`INDEX_PACK_BYTES`."""
+    if budget.left < 1:
+        return False
     import tempfile  # here: tempfile loads random, off the run path (tests/test_startup.py)
 
     git = shutil.which("git")
@@ -300,12 +340,18 @@ def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str) -> bool:
                "LC_ALL": "C"}
         as_owner: dict[str, object] = (
             {"user": uid, "group": gid, "extra_groups": []} if os.getuid() != uid else {})
-        done = subprocess.run(
-            [git, "index-pack", f"--object-format={fmt}", "-o", out, f"/proc/self/fd/{fd}"],
-            cwd=scratch, env=env,
-            pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, timeout=INDEX_PACK_S, check=False,
-            **as_owner)  # type: ignore[call-overload]
+        seconds = budget.left
+        began = time.monotonic()
+        try:
+            done = subprocess.run(
+                [git, "index-pack", "--threads=1", f"--object-format={fmt}", "-o", out,
+                 f"/proc/self/fd/{fd}"],
+                cwd=scratch, env=env, preexec_fn=_bounded(seconds),
+                pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, timeout=seconds, check=False,
+                **as_owner)  # type: ignore[call-overload]
+        finally:
+            budget.left -= time.monotonic() - began
         if done.returncode != 0:
             return False
         with open(out, "rb") as f:
@@ -316,6 +362,21 @@ def _index_says_what_git_finds(tree: fsops.Tree, idx: str, pack: str) -> bool:
     finally:
         os.close(fd)
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _bounded(seconds: float) -> Callable[[], None]:
+    """index-pack's limits, set in its process before git runs (nothing but setrlimit:
+    safe after a fork)."""
+    import resource  # here, with index-pack: off the run path
+
+    cpu = int(seconds) + 1
+    setrlimit, limits = resource.setrlimit, ((resource.RLIMIT_AS, INDEX_PACK_BYTES),
+                                             (resource.RLIMIT_CPU, cpu))
+
+    def bound() -> None:
+        for which, value in limits:
+            setrlimit(which, (value, value))
+    return bound
 
 
 def _pack_index(data: bytes) -> dict[bytes, int] | None:

@@ -398,6 +398,9 @@ def open_session(network: Network, record_dir: str | None, *,
     if not rules.enabled:
         return NoEgress()
     if early is not None:
-        return early.begin(record_dir)
+        if (early.rules == rules and early.account.cpu_share == cpu_share and resolver is None
+                and max_connections == MAX_CONNECTIONS and byte_budget == BYTE_BUDGET):
+            return early.begin(record_dir)
+        early.discard()  # made for other rules or limits: never this run's proxy
     return Session(rules, record_dir, resolver=resolver, max_connections=max_connections,
                    cpu_share=cpu_share, byte_budget=byte_budget).start()
