@@ -240,13 +240,10 @@ def probe_devpts(own_userns: bool, binary: str | None) -> None:
 
 
 def _reaped(pid: int) -> int:
-    while True:
-        try:
-            return os.waitpid(pid, 0)[1]
-        except InterruptedError:
-            continue
-        except ChildProcessError:  # reaped by someone else: no answer, so no
-            return -1
+    try:
+        return os.waitpid(pid, 0)[1]  # retried on EINTR by Python itself (PEP 475)
+    except ChildProcessError:  # reaped by someone else: no answer, so no
+        return -1
 
 
 def _in_child(step: Callable[[], None]) -> bool:

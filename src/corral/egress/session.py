@@ -162,9 +162,7 @@ class Session:
                 self.child = forked.fork_child(self)
         except OSError as e:
             self.close()
-            raise LaunchError("cannot start the egress proxy", e.strerror or str(e),
-                              "check the run directory, the open-file and process limits"
-                              ) from None
+            raise _cannot_start(e) from None
         if self.child is not None:  # the pair's end and the log are the child's alone
             self.ours.close()
             self.log.close()
@@ -185,9 +183,7 @@ class Session:
             self.child.hand_log(self.log)
         except OSError as e:
             self.close()
-            raise LaunchError("cannot start the egress proxy", e.strerror or str(e),
-                              "check the run directory, the open-file and process limits"
-                              ) from None
+            raise _cannot_start(e) from None
         self.log.close()  # the child's alone
         return self
 
@@ -327,6 +323,13 @@ def _stop_read(loop: asyncio.AbstractEventLoop, fd: int, stop: asyncio.Future[No
     """The stop pipe is readable only once the parent's end is closed: stop, once."""
     loop.remove_reader(fd)
     _finish(stop)
+
+
+def _cannot_start(e: OSError) -> LaunchError:
+    """What :meth:`Session.start` and :meth:`Session.begin` raise when the pair, the log
+    or the proxy's process cannot be made."""
+    return LaunchError("cannot start the egress proxy", e.strerror or str(e),
+                       "check the run directory, the open-file and process limits")
 
 
 def prefork(network: Network, *, cpu_share: float | None = None) -> Session | None:
