@@ -617,10 +617,17 @@ import os, signal, subprocess, sys
 import corral, corral.launch
 mode, marker = sys.argv[1], sys.argv[2]
 real_popen, real_argv = subprocess.Popen, corral.launch.Launch.argv
+# "late": bwrap (or its joiner) execs only once this launcher is dead and reaped, so the
+# window the controls need (bwrap's status write after the launcher is gone) is certain,
+# not a race the scheduler may lose under load; "protected" keeps the random moment.
+WAIT_FOR_LAUNCHER = 'while kill -0 "$0" 2>/dev/null; do sleep 0.05; done; exec "$@"'
 class Dying(real_popen):
     def __init__(self, args, *rest, **kw):
+        bwrap = "--args" in args  # bwrap (or its joiner) is started: die while it sets up
+        if bwrap and mode != "protected":
+            args = ["/bin/sh", "-c", WAIT_FOR_LAUNCHER, str(os.getpid()), *args]
         super().__init__(args, *rest, **kw)
-        if "--args" in args:  # bwrap (or its joiner) is started: die while it sets up
+        if bwrap:
             os.kill(os.getpid(), signal.SIGKILL)
 subprocess.Popen = Dying
 if mode == "unread":  # control: bwrap keeps no reader of its --json-status-fd pipe
@@ -650,24 +657,20 @@ def test_a_launcher_killed_while_bwrap_sets_up_leaves_nothing(who: Identity, ini
     if init == "c":
         from corral import cinit
         need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
-    for mode in ("protected", "unread", "unwatched"):
-        left: list[int] = []
-        for _ in range(3):  # a control's kill may land late, after bwrap's setup: retry
-            marker = f"corral-dying-{os.urandom(4).hex()}"
-            runs = _killed_launcher(who, DYING_RUNNER, mode, marker, init)
-            if mode == "protected":
-                assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
-            else:
-                time.sleep(3)  # nothing ends them: still there after a while
-                left = processes_with(marker)
-                for pid in left:
-                    with contextlib.suppress(OSError):
-                        os.kill(pid, signal.SIGKILL)
-                assert eventually(lambda m=marker: processes_with(m) == [], 60)
-            _remove_cgroups(who, runs)
-            if mode == "protected" or left:
-                break
-        assert mode == "protected" or left, f"the control {mode} left nothing"
+    for mode in ("protected", "protected-late", "unread", "unwatched"):
+        marker = f"corral-dying-{os.urandom(4).hex()}"
+        runs = _killed_launcher(who, DYING_RUNNER, mode, marker, init)
+        if mode.startswith("protected"):
+            assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
+        else:
+            time.sleep(3)  # nothing ends them: still there after a while
+            left = processes_with(marker)
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            assert eventually(lambda m=marker: processes_with(m) == [], 60)
+            assert left, f"the control {mode} left nothing"
+        _remove_cgroups(who, runs)
 
 
 def _killed_launcher(who: Identity, runner: str, mode: str, marker: str, init: str) -> Path:
