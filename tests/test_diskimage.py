@@ -1,0 +1,88 @@
+"""A fresh workspace's image is formatted by copying a template, made once by corral.
+
+Started by root, a run with a disk limit gets an ext4 image of its own (corral.diskimage).
+mke2fs took ~4 ms of every run; the image is now a copy of the few blocks of a template
+that corral formatted once in ``RUNS/.templates``.  What a template holds is what every
+run's workspace starts with, so only one corral made itself is used.  Root only: a plain
+user's workspace has no image (it is measured, tests/test_disk.py).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import Identity
+
+pytestmark = pytest.mark.sandbox
+
+PLANT = "test -e /work/POISON && echo planted || echo clean"
+
+
+def _run(root: Identity, runs: Path, script: str = PLANT) -> dict[str, object]:
+    r = root.corral_json("--runs-dir", str(runs), "--disk", "64M", "--", "/bin/sh", "-c",
+                         script)
+    assert r["status"] == "exited", r
+    return r
+
+
+def _templates(runs: Path) -> list[Path]:
+    return sorted((runs / ".templates").iterdir())
+
+
+def test_fresh_workspaces_are_copies_of_one_template(root: Identity) -> None:
+    runs = root.tmp / "runs"
+    for _ in range(3):
+        r = _run(root, runs, "df -k /work | tail -1; : > /work/made; ls -ln /work")
+        out = str(r["stdout"])
+        assert "/dev/loop" in out and " 65534 65534 " in out, out  # its own fs, nobody's
+    [template] = _templates(runs)  # made once, used by all three
+    st = template.lstat()
+    assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600
+    assert st.st_blocks * 512 < 4 << 20 < st.st_size  # sparse: a few blocks of metadata
+    assert stat.S_IMODE((runs / ".templates").lstat().st_mode) == 0o700
+    assert not list(runs.glob("*/work.img"))  # each run's copy let go after the run
+
+
+def _poison(template: Path) -> None:
+    """A template of the same name and size, formatted here, with /POISON in it."""
+    poison = template.with_name("poison")
+    with open(poison, "wb") as f:
+        f.truncate(template.stat().st_size)
+    subprocess.run(["/usr/sbin/mke2fs", "-q", "-F", "-t", "ext4", "-O", "^has_journal",
+                    "-E", "root_owner=65534:65534", str(poison)], check=True)
+    subprocess.run(["/usr/sbin/debugfs", "-w", "-R", "write /etc/hostname POISON",
+                    str(poison)], check=True, capture_output=True)
+    poison.chmod(0o600)
+    poison.replace(template)
+
+
+@pytest.mark.parametrize("how", ["trusted", "group-readable", "folder of another user",
+                                 "folder a symlink"])
+def test_only_a_template_corral_made_is_used(root: Identity, how: str) -> None:
+    """Control ("trusted"): a planted template in corral's own private folder is what the
+    run's workspace holds, so a template is worth guarding.  One whose file or folder is not
+    private to root, or reached through a symlink, is ignored: the run formats its own."""
+    runs = root.tmp / "runs"
+    _run(root, runs)
+    [template] = _templates(runs)
+    _poison(template)
+    folder = runs / ".templates"
+    if how == "group-readable":
+        template.chmod(0o640)
+    elif how == "folder of another user":
+        os.chown(folder, 65534, 65534)
+    elif how == "folder a symlink":
+        elsewhere = root.tmp / "elsewhere"
+        folder.rename(elsewhere)
+        folder.symlink_to(elsewhere)
+    out = str(_run(root, runs)["stdout"]).strip()
+    assert out == ("planted" if how == "trusted" else "clean"), how
+    if how == "folder a symlink":
+        folder.unlink()
+        shutil.rmtree(root.tmp / "elsewhere")
