@@ -8,6 +8,7 @@ sandbox succeeds, and the host's own git (or shell) then obeys what was planted.
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -256,6 +257,46 @@ def test_a_run_whose_corral_was_killed_is_audited_at_the_next_launch(who: Identi
                        env={"CORRAL_RUNS_DIR": str(who.tmp / "other-runs")})
     assert other.returncode == 0 and hook.exists(), other
     subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+
+
+QUIT_RUNNER = """
+import os, signal, sys
+from corral import audit
+from corral.cli import main
+mode, plant = sys.argv[1], sys.argv[2]
+real = audit.Auditor.run
+def run(self):
+    os.kill(os.getpid(), signal.SIGQUIT)  # Ctrl-\\ while the audit runs
+    return real(self)
+audit.Auditor.run = run
+if mode == "unheld":  # the control: the audit held SIGINT, SIGTERM and SIGHUP only
+    audit.HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+main(["agent", "--", "/bin/sh", "-c", plant])
+"""
+
+
+def test_every_stopping_signal_waits_for_the_audit(who: Identity, lab: Lab) -> None:
+    """The CLI unwinds on SIGQUIT, SIGUSR1, SIGUSR2 and SIGALRM as on SIGTERM, but the
+    audit held back only SIGINT, SIGTERM and SIGHUP: a Ctrl-\\ during a long audit (the
+    agent can make it long) skipped it, and the census the run owed was settled anyway,
+    so the next launch did not audit either (found by review).  Now the audit holds every
+    stopping signal, and the census is settled only once the audit has run.  Control:
+    the old set held, the signal cuts the audit short, and the next launch audits it."""
+    hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
+    plant = KILLED_PLANT.replace(" && sleep 60", "")
+    for mode in ("held", "unheld"):
+        proc = subprocess.run([*who.prefix(), "-c", QUIT_RUNNER, mode, plant],
+                              cwd=lab.project, env=who.environ(), capture_output=True,
+                              text=True, timeout=300, check=False)
+        assert "PLANTED" in proc.stdout, proc
+        assert proc.returncode == 128 + signal.SIGQUIT, proc
+        if mode == "held":  # audited first, then the signal ended corral
+            assert not hook.exists(), proc.stderr
+        else:
+            assert hook.exists(), proc.stderr
+            nxt = agent(who, lab, "echo NEXT")
+            assert not hook.exists() and "killed before its audit" in nxt.stderr, nxt
+        subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
 
 
 # --- git's global settings, wherever the user keeps them ---------------------------------

@@ -39,7 +39,7 @@ def test_egress_is_served_by_the_compiled_init_too() -> None:
     sb = egress.attach(BASE, egress.plan_bridge(rules, fd=7))
     assert command(sb, 9)[0] == CINIT_PATH
     assert cinit.encode(sb.init_config).split(b"\0")[:-1] == [
-        b"bridge_fd=7", b"listen=3128:127.0.0.1", b"listen=11434:127.0.0.1",
+        b"bridge_fd=7", b"bridge_batch=64", b"listen=3128:127.0.0.1", b"listen=11434:127.0.0.1",
         b"listen=8080:::1"]
 
 

@@ -673,10 +673,11 @@ def test_a_launcher_killed_while_bwrap_sets_up_leaves_nothing(who: Identity, ini
         _remove_cgroups(who, runs)
 
 
-def _killed_launcher(who: Identity, runner: str, mode: str, marker: str, init: str) -> Path:
+def _killed_launcher(who: Identity, runner: str, mode: str, marker: str, init: str,
+                     *more: str) -> Path:
     """Run ``runner`` (which SIGKILLs itself during its run); its runs directory."""
     runs = who.tmp / f"runs-{marker}"
-    proc = subprocess.Popen([*who.prefix(), "-c", runner, mode, marker],
+    proc = subprocess.Popen([*who.prefix(), "-c", runner, mode, marker, *more],
                             env=who.environ({"CORRAL_INIT": init, "CORRAL_RUNS_DIR": str(runs)}),
                             cwd=who.tmp, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     assert proc.wait(timeout=120) == -signal.SIGKILL
@@ -734,6 +735,73 @@ def test_a_payload_that_stops_its_init_dies_with_its_launcher(who: Identity, ini
                     os.kill(pid, signal.SIGKILL)
             assert eventually(lambda m=marker: processes_with(m) == [], 60)
             assert left and stopped, f"the control left {left}, stopped {stopped}"
+        _remove_cgroups(who, runs)
+
+
+FLOODING_RUNNER = """
+import os, signal, sys, threading
+import corral.egress.session as session
+from corral.cli import main
+mode, marker, flood = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "unbounded":  # the control: the init passes on connections until none waits
+    config = session.Bridge.config
+    session.Bridge.config = lambda self: {**config(self), "batch": 2**31 - 1}
+threading.Timer(8, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+main(["run", "--allow-domain", "x.test", "--cpus", "1", "--timeout", "300", "--input", flood,
+      "--", "/work/flood", "40", marker])
+"""
+# N processes connect to the bridge and close, in a loop: the accept queue is never empty.
+FLOOD = r"""
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(3128)};
+    inet_pton(AF_INET, "127.0.0.1", &to.sin_addr);
+    for (int i = atoi(argv[1]); i > 0; i--)
+        if (fork() == 0)
+            for (;;) {
+                int s = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+                connect(s, (struct sockaddr *)&to, sizeof to);
+                close(s);
+            }
+    sleep(300);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("init", ["c", "python"])
+def test_a_connect_flood_cannot_keep_the_init_from_seeing_its_launcher_go(
+        who: Identity, init: str) -> None:
+    """The init serves the egress bridge and watches the launcher in one loop, and it
+    passed on connections until none was waiting before it looked at the launcher again:
+    40 processes connecting and closing in a loop kept it from ever looking, and a
+    SIGKILLed corral's sandbox ran on past its timeout (in agent mode, planting files for
+    host git once the audit was gone; found by review).  Now it passes on at most a batch
+    per wake-up.  Control: the batch unbounded, the payload outlives its launcher."""
+    if init == "c":
+        from corral import cinit
+        need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    flood = who.tmp / "flood"
+    Path(f"{flood}.c").write_text(FLOOD)
+    subprocess.run(["gcc", "-O2", "-o", str(flood), f"{flood}.c"], check=True)
+    flood.chmod(0o755)
+    for mode in ("bounded", "unbounded"):
+        marker = f"corral-flooding-{os.urandom(4).hex()}"
+        runs = _killed_launcher(who, FLOODING_RUNNER, mode, marker, init, str(flood))
+        if mode == "bounded":
+            assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
+        else:
+            time.sleep(5)
+            left = processes_with(marker)
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            assert eventually(lambda m=marker: processes_with(m) == [], 60)
+            assert left, "the control's payload died with its launcher"
         _remove_cgroups(who, runs)
 
 

@@ -359,14 +359,14 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         owed = pending.owe(runs, run_id, census, run_dir.root if run_dir else None,
                            [e.path for e in layout.writable])
         try:
-            with audit.audited(census, quarantine, actions):
+            # The census owed is settled once the audit has run to its end, however the
+            # run ended; an audit cut short leaves it for the next launch to redo.
+            with audit.audited(census, quarantine, actions, done=lambda: pending.settle(owed)):
                 limited, denials, entry["egress_log"] = _execute(
                     sb, policy, facts, cg_plan, run_id, layout.project,
                     run_dir.root if run_dir else None, capture, stdin, early=early)
         except BaseException as e:
             raise _unwound(e, entry, run_dir.record_path if run_dir else None, actions) from None
-        finally:
-            pending.settle(owed)  # audited by now, however the run ended
         result = _result(limited, denials, cg_plan, actions, workspace=layout.project,
                          record=run_dir.record_path if run_dir else "",
                          run_id=run_dir.run_id if run_dir else "")

@@ -44,6 +44,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING
 
 from . import fsops
+from .errors import STOPPING
 from .fswalk import join, move, walk
 from .guard import PROTECTED_NAMES, Finding
 from .record import NamedTuple, Record, field
@@ -113,13 +114,13 @@ class Census(Record):
                 if g.startswith(top.rstrip("/") + "/") or g == top][:MAX_WATCHED]
 
 
-HELD = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+HELD = set(STOPPING)
 
 
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP wait while the block runs (this thread's mask; the
-    launcher's other threads block them for good), then are delivered."""
+    """Every signal that stops corral (errors.STOPPING) waits while the block runs (this
+    thread's mask; corral's other threads block them for good), then is delivered."""
     held = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
     try:
         yield
@@ -128,11 +129,12 @@ def signals_held() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
-            ) -> Iterator[None]:
+def audited(census: Census, quarantine: Callable[[], str], actions: list[Action],
+            done: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Watch the census' git directories while the block runs, then audit, however the
-    block ends; SIGINT, SIGTERM and SIGHUP wait meanwhile (a second Ctrl-C must not cut
-    the audit short).  ``actions`` receives what the watch and the audit did."""
+    block ends; the stopping signals wait meanwhile (a second Ctrl-C must not cut the
+    audit short).  ``actions`` receives what the watch and the audit did; ``done`` is
+    called once the audit has run to its end (not when it raised)."""
     from .livewatch import LiveWatch  # it reports with Action, defined here
 
     watch = LiveWatch(census.watched())
@@ -143,6 +145,7 @@ def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
         with signals_held():
             actions += watch.actions
             actions += Auditor(census, quarantine).run()
+            done()
 
 
 def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],

@@ -135,7 +135,7 @@ def _records(key: str, value: Any) -> list[str]:
         return [head, *(f"rule={int(rights)}:{path}" for path, rights in value["rules"])]
     if key == "egress":  # the bridge: its descriptor to the proxy, then what it listens on
         listens = [(value.get("host", "127.0.0.1"), value["port"]), *value.get("relays", ())]
-        return [f"bridge_fd={int(value['fd'])}",
+        return [f"bridge_fd={int(value['fd'])}", f"bridge_batch={int(value['batch'])}",
                 *(f"listen={int(port)}:{host}" for host, port in listens)]
     if key == "expect_mounts":
         return [f"mount={int(action == 'hide')}:{int(dev)}:{int(ino)}:{path}"

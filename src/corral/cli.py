@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from .errors import CorralError, Interrupted, UsageError
+from .errors import STOPPING, CorralError, Interrupted, UsageError
 from .record import replace
 
 SETUP_FAILED = 125
@@ -450,9 +450,8 @@ def _warn(notes: Sequence[str]) -> None:
         print(f"corral: warning: {note}", file=sys.stderr)
 
 
-# Signals whose default is to end the process: they unwind like Ctrl-C.
-_STOPPING = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
-             signal.SIGALRM)
+# Signals whose default is to end the process: they unwind like Ctrl-C (errors.STOPPING).
+_STOPPING = tuple(sig for sig in STOPPING if sig != signal.SIGINT)
 
 
 def _stop(signum: int, frame: object) -> None:

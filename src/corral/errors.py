@@ -15,6 +15,8 @@ prints or exits; the CLI maps this whole tree to exit status 125 in one place.
 
 from __future__ import annotations
 
+import signal
+
 __all__ = ["CorralError", "HostError", "Interrupted", "LaunchError", "ProfileError",
            "UsageError"]
 
@@ -42,6 +44,19 @@ class HostError(CorralError):
 
 class LaunchError(CorralError):
     """bwrap or corral's in-sandbox init failed before the command started."""
+
+
+# Signals whose default ends the process.  The CLI turns SIGINT into KeyboardInterrupt and
+# the others into Interrupted; what must not be cut short (the audit, the copy-out of a
+# workspace image) holds every one of them (corral.audit.signals_held), and corral's own
+# threads block them all, so that none is delivered where the main thread holds it.
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+            signal.SIGUSR2, signal.SIGALRM)
+
+
+def block_stopping() -> None:
+    """In a thread of corral's own: leave the stopping signals to the main thread."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
 
 
 class Interrupted(BaseException):

@@ -334,6 +334,7 @@ int main(int argc, char **argv) {
     int pipe_fds[2];
     pid_t pid = -1;
     cfg.status_fd = cfg.stderr_fd = cfg.tty = cfg.pid = cfg.bridge_fd = cfg.launcher_fd = -1;
+    cfg.bridge_batch = 64;
     /* As Python does for inner.py: a write to a launcher that is gone is EPIPE, never death
      * (the payload's child sets both back to the default before exec). */
     signal(SIGPIPE, SIG_IGN);

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <limits.h>
 #include <linux/capability.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
@@ -67,6 +68,7 @@ struct config {
     struct lim limits[16]; int n_limits;
     unsigned char *filter; size_t filter_len;
     int bridge_fd; /* the unix socket pair end to the host's proxy; -1: no egress */
+    int bridge_batch; /* connections passed per wake-up before the watches come first */
     struct listen listens[MAX_LISTEN]; int n_listens; /* the first: the proxy port */
     /* The payload's environment, NAME=VALUE, NULL-terminated: bwrap gives the init none
      * (corral.bwrap.init_environment), it passes these to execve only. */

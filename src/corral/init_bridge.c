@@ -77,9 +77,11 @@ int supervise(pid_t pid) {
             break;
         }
         if (fds[n].revents) break;
+        /* At most bridge_batch connections, then poll again: a payload that keeps the
+         * accept queue full (connect and close in a loop, from many processes) must not
+         * keep the init from seeing the launcher go, or the payload end. */
         for (int i = 0; i < n; i++)
-            if (fds[i].revents)
-                while (forward(fds[i].fd)) {}
+            for (int k = 0; fds[i].revents && k < cfg.bridge_batch && forward(fds[i].fd); k++) {}
     }
     close(pidfd);
     if (cfg.bridge_fd >= 0) {

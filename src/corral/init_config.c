@@ -66,7 +66,7 @@ static int record(char *rec) {
        NUL bytes in values too). */
     static const char *const single[] = {"cwd", "seccomp", "landlock", "status_fd",
                                          "stderr_fd", "tty", "pid", "bridge_fd", "uid", "gid",
-                                         "launcher_fd"};
+                                         "launcher_fd", "bridge_batch"};
     static unsigned seen;
     for (unsigned i = 0; i < sizeof single / sizeof *single; i++)
         if (strcmp(k, single[i]) == 0) {
@@ -122,6 +122,8 @@ static int record(char *rec) {
     else if (strcmp(k, "pid") == 0) cfg.pid = (int)n[0];
     else if (strcmp(k, "bridge_fd") == 0) cfg.bridge_fd = (int)n[0];
     else if (strcmp(k, "launcher_fd") == 0) cfg.launcher_fd = (int)n[0];
+    else if (strcmp(k, "bridge_batch") == 0 && n[0] >= 1 && n[0] <= INT_MAX)
+        cfg.bridge_batch = (int)n[0];
     else if (strcmp(k, "uid") == 0) cfg.uid = (long)n[0];
     else if (strcmp(k, "gid") == 0) cfg.gid = (long)n[0];
     else return fail("corral's init does not know the setting %s; rebuild it (make setup)", k);

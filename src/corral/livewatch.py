@@ -26,7 +26,7 @@ from types import TracebackType
 
 from . import fsops
 from .audit import Action
-from .errors import HostError
+from .errors import HostError, block_stopping
 from .fswalk import remove
 
 __all__ = ["LiveWatch"]
@@ -91,8 +91,8 @@ class LiveWatch:
 
     def _serve(self) -> None:
         # Signals are the main thread's to handle (and to hold back during the audit).
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM,
-                                                  signal.SIGHUP, signal.SIGWINCH})
+        block_stopping()
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGWINCH})
         while True:
             ready, _, _ = select.select([self.fd, self.stop_r], [], [])
             if self.stop_r in ready:

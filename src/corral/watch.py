@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .diskuse import Stopped, Unmeasurable, measure
-from .errors import UsageError
+from .errors import UsageError, block_stopping
 
 if TYPE_CHECKING:
     from .diskimage import Image
@@ -156,6 +156,7 @@ class Watch:
                              "use a fresh workspace, or drop the disk limit") from None
 
     def _disk_loop(self) -> None:
+        block_stopping()  # the main thread's to handle, and to hold during the audit
         # The next check waits on the smaller of the last two costs: one slow walk (cold
         # caches, a busy neighbour) must not stretch the interval, and the overshoot with it.
         costs = (0.0, 0.0)

@@ -75,6 +75,7 @@ class Bridge:
             self.close()
             raise
         self.listener = self.listeners[0]
+        self.batch = int(spec.get("batch", 64))  # connections per wake-up (session.Bridge)
 
     @property
     def port(self) -> int:
@@ -113,13 +114,17 @@ class Bridge:
             poller.register(launcher, select.POLLIN)
         try:
             while True:
-                for fd, _ in poller.poll():
-                    if fd == launcher:
-                        return None
-                    if fd == pidfd:
-                        return os.waitpid(pid, 0)[1]
-                    while self.forward(by_fd[fd]):
-                        pass
+                ready = [fd for fd, _ in poller.poll()]
+                if launcher in ready:
+                    return None
+                if pidfd in ready:
+                    return os.waitpid(pid, 0)[1]
+                # At most self.batch connections, then poll again: a payload that keeps
+                # the accept queue full must not keep the watches above from running.
+                for fd in ready:
+                    for _ in range(self.batch):
+                        if not self.forward(by_fd[fd]):
+                            break
         finally:
             os.close(pidfd)
             self.close()

@@ -46,7 +46,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from ..bwrap import Sandbox
-from ..errors import LaunchError
+from ..errors import LaunchError, block_stopping
 from ..policy import Network
 from ..record import replace
 from . import forked
@@ -68,6 +68,7 @@ LOG_NAME = "egress.jsonl"
 MAX_CONNECTIONS = 1024  # open client connections per run
 FDS_PER_CONNECTION = 2  # the client's socket and the upstream socket
 STOP_TIMEOUT_S = 30.0
+BRIDGE_BATCH = 64  # see Bridge.batch
 
 
 def proxy_env(port: int = BRIDGE_PORT) -> tuple[tuple[str, str], ...]:
@@ -100,10 +101,13 @@ class Bridge:
     fd: int | None  # None in --dry-run: the descriptor exists only at launch
     port: int = BRIDGE_PORT
     relays: tuple[tuple[str, int], ...] = ()  # loopback addresses and ports also listened on
+    # Connections the init passes on per wake-up before it looks at the launcher and the
+    # payload again (a payload's connect flood must not starve those watches).
+    batch: int = BRIDGE_BATCH
 
     def config(self) -> dict[str, Any]:
         return {"path": BRIDGE_PATH, "fd": self.fd, "port": self.port,
-                "relays": [list(r) for r in self.relays]}
+                "relays": [list(r) for r in self.relays], "batch": self.batch}
 
 
 def plan_bridge(rules: Rules, fd: int | None = None) -> Bridge:
@@ -220,6 +224,7 @@ class Session:
         return f"the egress proxy failed ({what}); no connection was relayed after that"
 
     def _run(self, ours: _socket.socket, log: DecisionLog) -> None:
+        block_stopping()  # the main thread's; the resolver threads started here inherit it
         try:
             self._serve(ours, log)
         except BaseException as e:  # kept for close() and the record: never a silent death

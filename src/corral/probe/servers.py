@@ -18,6 +18,8 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from ..errors import block_stopping
+
 __all__ = ["SERVERS", "Listeners"]
 
 SERVERS = ("tcp", "tcp6", "udp", "unix-agent", "unix-daemon", "unix-dgram", "abstract",
@@ -70,6 +72,7 @@ class Listeners:
         return {name: s.getsockname()[1] for name, s in self.sockets.items()
                 if s.family in (socket.AF_INET, socket.AF_INET6)}
     def _serve(self) -> None:
+        block_stopping()  # the main thread's to handle
         with selectors.DefaultSelector() as sel:
             for name, sock in self.sockets.items():
                 sel.register(sock, selectors.EVENT_READ, name)
