@@ -26,6 +26,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -230,8 +231,12 @@ def _records(data: bytes) -> list[dict[str, Any]]:
     return found
 
 
-def execute(launcher: Launcher, spec: LaunchSpec, plant: Plant, env: dict[str, str]) -> Outcome:
-    """Run one launch to its end or to the probe's deadline; kill its session either way."""
+def execute(launcher: Launcher, spec: LaunchSpec, plant: Plant, env: dict[str, str],
+            started: threading.Event | None = None) -> Outcome:
+    """Run one launch to its end or to the probe's deadline; kill its session either way.
+
+    ``started`` is set once the battery has begun inside (its first record), or the
+    launch has ended without it."""
     config = json.dumps({"prefix": plant.prefix, "attempts": list(spec.attempts),
                          "exit": spec.exit}, separators=(",", ":"))
     argv = launcher.argv(spec, plant, config)
@@ -255,8 +260,10 @@ def execute(launcher: Launcher, spec: LaunchSpec, plant: Plant, env: dict[str, s
             os.close(slave)
     outcome.session = proc.pid
     try:
-        out, err, notes = _collect(proc, status_r, start + spec.deadline_s, outcome)
+        out, err, notes = _collect(proc, status_r, start + spec.deadline_s, outcome, started)
     finally:
+        if started is not None:
+            started.set()
         # Only a launch that outlived the deadline is killed here: what a finished launch
         # left behind is for the lifecycle checks to find, and for the site to kill after.
         if outcome.killed or proc.poll() is None:
@@ -275,9 +282,10 @@ def execute(launcher: Launcher, spec: LaunchSpec, plant: Plant, env: dict[str, s
     return outcome
 
 
-def _collect(proc: subprocess.Popen[bytes], status_r: int, deadline: float, outcome: Outcome
-             ) -> tuple[bytes, bytes, bytes]:
-    """Read the launcher's stdout, stderr and the trampoline's notes until it is done."""
+def _collect(proc: subprocess.Popen[bytes], status_r: int, deadline: float, outcome: Outcome,
+             started: threading.Event | None) -> tuple[bytes, bytes, bytes]:
+    """Read the launcher's stdout, stderr and the trampoline's notes until it is done;
+    ``started`` is set when the battery's first record comes."""
     assert proc.stdout is not None and proc.stderr is not None
     streams = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray(),
                status_r: bytearray()}
@@ -303,6 +311,9 @@ def _collect(proc: subprocess.Popen[bytes], status_r: int, deadline: float, outc
                     sel.unregister(key.fd)
                 elif len(streams[int(key.fd)]) < 1 << 22:
                     streams[int(key.fd)] += chunk
+                    if started is not None and key.fd == proc.stdout.fileno() \
+                            and TAG in streams[key.fd]:
+                        started.set()
     return (bytes(streams[proc.stdout.fileno()]), bytes(streams[proc.stderr.fileno()]),
             bytes(streams[status_r]))
 

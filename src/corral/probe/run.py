@@ -1,10 +1,11 @@
 """Running the probe: plant, launch, verify the host, judge, clean up.
 
 Two threads share the work, so the probe takes seconds: one runs the spin
-launch (it waits for the sandbox's wall clock); the other runs the main
-launch, then each launch-directory launch, then each resource launch, one
-after another.  After every launch the host is verified at once (planted
-files, canary servers, marked processes) and what it changed is put back,
+launch (it waits for the sandbox's wall clock); the other, once the spin
+battery has begun (both use the project), runs the main launch, then each
+launch-directory launch, then each resource launch, one after another.
+After every launch the host is verified at once (planted files, canary
+servers, marked processes) and what it changed is put back,
 so that every launch is judged on its own.
 """
 
@@ -18,6 +19,7 @@ import os
 import re
 import signal
 import stat
+import threading
 import time
 from collections.abc import Iterable, Sequence
 
@@ -91,8 +93,8 @@ class Run:
         self.seen: dict[str, Seen] = {}
         self.sessions: list[int] = []
 
-    def launch(self, spec: LaunchSpec) -> None:
-        outcome = execute(self.launcher, spec, self.plant, self.env)
+    def launch(self, spec: LaunchSpec, started: threading.Event | None = None) -> None:
+        outcome = execute(self.launcher, spec, self.plant, self.env, started)
         if outcome.session is not None:
             self.sessions.append(outcome.session)
         for c in self.checks:
@@ -151,7 +153,10 @@ def _survivors(marker: str) -> list[int]:
     return pids
 
 
-def _sequence(run: Run, specs: dict[str, LaunchSpec]) -> None:
+def _sequence(run: Run, specs: dict[str, LaunchSpec], spin: threading.Event) -> None:
+    # The spin launch shares the project: it must be set up (scanned, mounted) before the
+    # main battery plants things there (a FIFO named .git makes a launch refuse to start).
+    spin.wait(DEADLINE_S["spin"])
     order = sorted((n for n in specs if n != "spin"), key=lambda n: ORDER.index(specs[n].kind))
     for name in order:
         run.launch(specs[name])
@@ -175,10 +180,13 @@ def probe(launcher: Launcher, only: Sequence[str] = (), base_dir: str | None = N
         specs = plan(checks, plant)
         run = Run(launcher, site, plant, checks, launch_env(plant, env))
         sessions = run.sessions
+        spin = threading.Event()
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            jobs = [pool.submit(_sequence, run, specs)]
+            jobs = [pool.submit(_sequence, run, specs, spin)]
             if "spin" in specs:
-                jobs.append(pool.submit(run.launch, specs["spin"]))
+                jobs.append(pool.submit(run.launch, specs["spin"], spin))
+            else:
+                spin.set()
             for job in jobs:
                 job.result()
         results = tuple(_judge(c, run.seen.get(c.id), plant) for c in checks)
