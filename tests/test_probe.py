@@ -291,4 +291,3 @@ def test_probe_errors_are_one_line(who: Identity) -> None:
         r = who.corral("probe", *args)
         assert r.returncode == 125 and r.stderr.startswith("corral: error: "), r.stderr
         assert r.stderr.count("\n") == 1
-
