@@ -45,8 +45,10 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	@scripts/demo
 
+# Two pytest sessions side by side, then the few tests that need the machine alone
+# (scripts/run-tests says why); '$(BIN)/pytest' runs the same tests in one session.
 test: setup
-	$(BIN)/pytest
+	$(BIN)/python scripts/run-tests
 
 # The real agents (pi, Claude Code, Codex, Gemini CLI) from the npm registry, cached in
 # .agents/, under corral against a fake model server on 127.0.0.1: see docs/agents.md.

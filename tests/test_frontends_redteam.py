@@ -588,6 +588,7 @@ def _rmdir(path: Path) -> bool:
     return True
 
 
+@pytest.mark.alone  # any root run sweeps root's folder: another session's would take `old`
 def test_cgroups_of_killed_launchers_are_swept(who: Identity) -> None:
     """A launcher SIGKILLed (a Ray node removed) cannot clean up: 86 empty run cgroups were
     found piled up after many test sessions.  The next run removes those that are empty and
