@@ -40,7 +40,9 @@ NOT_LOADED = {"secrets", "hashlib", "_hashlib", "hmac", "random", "calendar", "d
               "corral.discover", "corral.repos", "corral.gitstate", "corral.gitconfig",
               "corral.locate",
               # quoting for --dry-run's lines
-              "shlex"}
+              "shlex",
+              # argparse and gettext: the plain use of run is parsed from corral.options
+              "argparse", "gettext", "corral.parsers"}
 
 MODULES = """\
 import importlib, json, sys
@@ -96,6 +98,8 @@ def test_corral_run_does_not_load_what_it_does_not_use(who: Identity) -> None:
     assert {"corral.repos", "corral.gitstate", "corral.gitconfig"} <= _modules(
         who, "--workspace", str(ws))
     assert "shlex" in _modules(who, "--dry-run")
+    # Control: an abbreviated option is argparse's to read.
+    assert {"argparse", "corral.parsers"} <= _modules(who, "--tim", "60")
     # Control: a module of the list imported on purpose before the CLI is seen.
     assert {"dataclasses", "inspect"} <= _modules(who, first="dataclasses") & NOT_LOADED
 

@@ -27,6 +27,7 @@ from typing import IO, Any
 
 from .engines import Engine
 from .errors import UsageError
+from .options import Args
 from .record import replace
 from .request import RunRequest, parse_json
 from .result import RunResult
@@ -304,7 +305,7 @@ def _stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, stop)
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: Args) -> int:
     """``corral batch``, from its parsed options."""
     from .cli import _count
     from .engines import engine_for

@@ -8,115 +8,22 @@ stderr: ``corral: error: WHAT; WHY; HOW TO FIX``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from .errors import STOPPING, CorralError, Interrupted, UsageError
+from .options import Args
 from .record import replace
 
 SETUP_FAILED = 125
-USAGE = """corral run [options] -- CMD [ARG...]
-       corral agent [options] -- AGENT [ARG...]
-       corral shell [options] ([-l] -c CMD | --prefix STRING | -- ARGV...)
-       corral mcp [options] [--transport stdio|http] [--host H --port N]
-       corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]
-       corral batch JOBS.jsonl -o RESULTS.jsonl [--workers N] [--engine local|ray] [--resume]
-       corral serve [--host ADDR] [--port N] [--workers N] [--token-file FILE]
-       corral doctor [--json]
-       corral delegate --user NAME [--undo]"""
 
 
-def _columns() -> int:
-    """What shutil.get_terminal_size gives argparse, without importing shutil (and bz2 and
-    lzma with it: ~2.5 ms of every start, bench/floor.py)."""
-    try:
-        return int(os.environ["COLUMNS"])
-    except (KeyError, ValueError):
-        pass
-    try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
-    except (AttributeError, ValueError, OSError):
-        return 80
 
-
-class Formatter(argparse.HelpFormatter):
-    def __init__(self, prog: str) -> None:
-        super().__init__(prog, width=_columns() - 2)  # argparse's own margin
-
-
-class Parser(argparse.ArgumentParser):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("formatter_class", Formatter)
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message, "", f"see '{self.prog} --help'")
-
-
-def _common(p: argparse.ArgumentParser, profiles: str) -> None:
-    p.add_argument("--profile", metavar="NAME|FILE", help=profiles)
-    p.add_argument("--timeout", metavar="SECONDS", help="wall-clock limit (e.g. 30, 5m)")
-    p.add_argument("--memory", metavar="SIZE", help="memory of the whole run, tmpfs included "
-                   "(e.g. 512M, 2G)")
-    p.add_argument("--pids", metavar="N", help="processes and threads of the whole run")
-    p.add_argument("--cpus", metavar="N", help="CPU bandwidth in cores (e.g. 0.5, 2)")
-    p.add_argument("--disk", metavar="SIZE", help="bytes the run may add to its workspace")
-    p.add_argument("--env", metavar="NAME[=VALUE]", action="append", default=[],
-                   help="set a variable inside; NAME alone copies it from here (repeatable)")
-    p.add_argument("--ro", metavar="PATH", action="append", default=[],
-                   help="make a host path visible read-only at the same path (repeatable)")
-    p.add_argument("--user", metavar="USER", help="started by root: run as USER (NAME, UID[:GID])")
-    p.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
-    p.add_argument("--allow", metavar="RELAXATION", action="append", default=[],
-                   help="weaken one protection on purpose: " + ", ".join(_relaxations()))
-    p.add_argument("--dry-run", action="store_true", help="print the sandbox and stop")
-    add_network_flags(p)
-
-
-def _agent_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--rw", metavar="PATH", action="append", default=[],
-                   help="also make PATH writable, e.g. an agent's state folder (repeatable)")
-    p.add_argument("--hide", metavar="PATH", action="append", default=[],
-                   help="also make PATH appear empty (repeatable)")
-    p.add_argument("--protect", metavar="NAME", action="append", default=[],
-                   help="also keep files named NAME read-only in writable trees (repeatable)")
-    p.add_argument("--allow-secret", metavar="GLOB", action="append", default=[],
-                   help="leave secret-looking files matching GLOB visible (repeatable)")
-    p.add_argument("--home", metavar="DIR",
-                   help="treat DIR as the agent's home directory (default: $HOME, or the "
-                   "project owner's when started by root)")
-
-
-def _run_parser(p: argparse.ArgumentParser) -> None:
-    p.usage = "corral run [options] -- CMD [ARG...]"
-    p.description = ("Run CMD with /work (a fresh per-run directory) as the only writable "
-                     "path, no network, a clean environment and limits.")
-    _common(p, "python, node, shell, or a TOML file (default: from CMD's name)")
-    p.add_argument("--workspace", metavar="DIR", help="use DIR as /work instead of a fresh one")
-    p.add_argument("--input", metavar="PATH", action="append", default=[],
-                   help="copy PATH into /work first (repeatable)")
-    p.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
-    p.add_argument("--json", action="store_true", help="capture output; print one JSON result")
-
-
-def add_network_flags(p: Any) -> None:
-    """--allow-domain, --deny-domain, --resolve: shared by run, agent and shell."""
-    p.add_argument("--allow-domain", metavar="NAME[:PORT]", action="append", default=[],
-                   help="let the command reach NAME (or *.NAME: its subdomains) through "
-                   "corral's proxy, on PORT or any port (repeatable)")
-    p.add_argument("--deny-domain", metavar="NAME[:PORT]", action="append", default=[],
-                   help="never let it reach NAME; wins over --allow-domain (repeatable)")
-    p.add_argument("--resolve", metavar="NAME:ADDRESS", action="append", default=[],
-                   help="resolve NAME to ADDRESS for this run, which it may then reach "
-                   "even if it is loopback or private (repeatable)")
-
-
-def network_from_args(network: Any, args: argparse.Namespace) -> Any:
+def network_from_args(network: Any, args: Args) -> Any:
     """The profile's network rules plus those given as flags."""
     from .policy import Network
 
@@ -146,122 +53,17 @@ def network_line(network: Any) -> str:
             + (f" (never {', '.join(never)})" if never else ""))
 
 
-def _agent_parser(a: argparse.ArgumentParser) -> None:
-    a.usage = "corral agent [options] -- AGENT [ARG...]"
-    a.description = ("Run AGENT with this directory writable, the rest of the system "
-                     "read-only, the home directory hidden, and network only to the profile's "
-                     "model API (and --allow-domain names) through corral's proxy.")
-    _common(a, "claude, codex, pi, aider, gemini, generic, or a TOML file "
-               "(default: from AGENT's name)")
-    _agent_options(a)
-    a.add_argument("--import-state", action="store_true",
-                   help="copy the agent's settings from your real state folder into corral's "
-                   "private copy again (done by itself on first use)")
+def parse(words: Sequence[str]) -> Args:
+    """The options before ``--``: their plain use read directly (corral.options), the rest
+    by argparse (corral.parsers), which also prints --help and says what is wrong."""
+    from .options import parse as direct
 
+    args = direct(words)
+    if args is None:
+        from .parsers import parse as with_argparse
 
-def _shell_parser(s: argparse.ArgumentParser) -> None:
-    s.usage = "corral shell [options] ([-l] -c CMD | --prefix STRING | -- ARGV...)"
-    s.description = ("Run CMD with /bin/bash -c (or /bin/sh), or ARGV as given, in this "
-                     "project directory, with the same filesystem rules as corral agent and no "
-                     "network unless --allow-domain: per-command isolation for agents that let "
-                     "you set a shell or a command prefix.")
-    _common(s, "generic (default), an agent's profile, or a TOML file")
-    _agent_options(s)
-    s.add_argument("-c", dest="command", metavar="CMD", help="the command, run by the shell")
-    s.add_argument("-l", dest="login", action="store_true",
-                   help="a login shell, like bash -l (also -lc CMD)")
-    s.add_argument("--prefix", action="store_true",
-                   help="as Claude Code's CLAUDE_CODE_SHELL_PREFIX: run the one argument "
-                   "that follows, Claude's whole command string (see docs/agents.md)")
-    s.add_argument("words", nargs="*", help=argparse.SUPPRESS)
-
-
-def _mcp_parser(m: argparse.ArgumentParser) -> None:
-    _common(m, "python (default), node, shell, or a TOML file")
-    m.add_argument("--venv", metavar="DIR", help="a virtualenv, read-only, first on PATH")
-    from .mcp.command import add_arguments
-
-    add_arguments(m)
-
-
-def _relaxations() -> tuple[str, ...]:
-    from .policy import Allow
-
-    return Allow.names()
-
-
-def _probe_parser(p: argparse.ArgumentParser) -> None:
-    p.usage = "corral probe [--profile NAME] [--launcher 'PREFIX ...'] [--json]"
-    p.description = ("Plant canaries (a fake home with fake credentials, loopback servers, a "
-                     "keyring key...), run a battery of escape attempts inside the sandbox, "
-                     "check the host afterwards.  Exit 0 only if every check passed.  See "
-                     "docs/probe.md.")
-    p.add_argument("--profile", metavar="NAME|FILE",
-                   help="the corral profile to audit (default: generic)")
-    p.add_argument("--launcher", metavar="'PREFIX ...'",
-                   help="audit another sandbox: a command prefix ($PWD and $HOME are "
-                   "replaced), 'naive' (the seed's bwrap line) or 'none' (no sandbox)")
-    p.add_argument("--check", metavar="ID|CATEGORY", action="append", default=[],
-                   help="only these checks (repeatable)")
-    p.add_argument("--allow", metavar="RELAXATION", action="append", default=[],
-                   help="run corral with this relaxation (e.g. unenforced-limits where this "
-                   "user has no cgroups): the checks it weakens will say so by failing")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _batch_parser(b: argparse.ArgumentParser) -> None:
-    from .batch import add_arguments
-
-    add_arguments(b)
-
-
-def _serve_parser(s: argparse.ArgumentParser) -> None:
-    from .serve import add_arguments
-
-    add_arguments(s)
-
-
-def _doctor_parser(d: argparse.ArgumentParser) -> None:
-    d.add_argument("--json", action="store_true")
-
-
-def _delegate_parser(g: argparse.ArgumentParser) -> None:
-    g.description = ("Create <cgroup v1 hierarchy>/corral/uid-UID for USER, owned by them, so "
-                     "that their runs can have memory, pids and CPU limits.")
-    g.add_argument("--user", required=True, metavar="NAME")
-    g.add_argument("--undo", action="store_true", help="remove the delegation again")
-
-
-# verb -> (one-line help, what fills its parser).  Only the verb being run gets its options:
-# argparse is slow to build, and this runs at every start.
-VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
-    "run": ("run one command in a fresh sandbox", _run_parser),
-    "agent": ("run a coding agent in this project directory", _agent_parser),
-    "shell": ("run one shell command under agent-mode rules", _shell_parser),
-    "mcp": ("serve the sandbox as MCP tools, a workspace per session", _mcp_parser),
-    "probe": ("prove the sandbox on this machine: escape attempts", _probe_parser),
-    "batch": ("run a JSON-lines file of requests, results as they finish", _batch_parser),
-    "serve": ("serve requests over HTTP, SandboxFusion-compatible", _serve_parser),
-    "doctor": ("what this host supports and which protections hold", _doctor_parser),
-    "delegate": ("as root: let USER's runs have cgroup limits (v1 hosts)", _delegate_parser),
-}
-
-
-def _parser(verb: str | None) -> Parser:
-    parser = Parser(prog="corral", usage=USAGE,
-                    description="Sandbox AI coding agents and the scripts they write.")
-    from . import __version__
-
-    parser.add_argument("--version", action="version", version=f"corral {__version__}")
-    # prog given: argparse would otherwise format the top usage to name the verbs' parsers
-    # by (all of USAGE: "see 'corral run [options]...\n  corral delegate ... run --help'")
-    sub = parser.add_subparsers(dest="verb", required=True, parser_class=Parser, prog="corral")
-    # A known verb gets its own parser only; the list of all is for --help and a bad verb.
-    for name, (help_text, fill) in VERBS.items() if verb not in VERBS else [(verb, VERBS[verb])]:
-        p = sub.add_parser(name, help=help_text)
-        if name == verb:
-            fill(p)
-    return parser
+        args = with_argparse(words)
+    return args
 
 
 def _split(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -289,7 +91,7 @@ def _env(items: Sequence[str]) -> list[tuple[str, str]]:
     return env
 
 
-def _policy(args: argparse.Namespace, default_profile: str) -> Any:
+def _policy(args: Args, default_profile: str) -> Any:
     """The profile, with every flag applied on top."""
     from .profiles import load_profile
 
@@ -324,7 +126,7 @@ def _count(text: str, flag: str, kind: type[int] | type[float]) -> float:
     return value
 
 
-def _limit_flags(args: argparse.Namespace) -> dict[str, Any]:
+def _limit_flags(args: Args) -> dict[str, Any]:
     """Limits given on the command line, which override the profile's."""
     from .policy import parse_duration, parse_size
 
@@ -372,7 +174,7 @@ def _ending(result: Any, policy: Any) -> str | None:
     return ENDINGS[result.status].format(limit=limit)
 
 
-def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
+def cmd_run(args: Args, cmd: list[str]) -> int:
     from . import api
     from .host import detect
     from .launch import dry_run_lines
@@ -410,13 +212,13 @@ def cmd_run(args: argparse.Namespace, cmd: list[str]) -> int:
     return result.exit_code
 
 
-def cmd_mcp(args: argparse.Namespace) -> int:
+def cmd_mcp(args: Args) -> int:
     from .mcp.command import serve
 
     return serve(args, _policy, _env)
 
 
-def cmd_probe(args: argparse.Namespace) -> int:
+def cmd_probe(args: Args) -> int:
     from .probe import launcher_for, probe, render_text
 
     report = probe(launcher_for(args.launcher, args.profile, args.allow), args.check)
@@ -427,7 +229,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-def cmd_delegate(args: argparse.Namespace) -> int:
+def cmd_delegate(args: Args) -> int:
     from .cgroups import delegate
     from .host import detect
 
@@ -436,7 +238,7 @@ def cmd_delegate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def cmd_doctor(args: Args) -> int:
     from .doctor import render_text, report
 
     data = report()
@@ -477,8 +279,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     for sig in _STOPPING:
         signal.signal(sig, _stop)
     try:
-        verb = next((a for a in options if not a.startswith("-")), None)
-        args = _parser(verb).parse_args(options)
+        args = parse(options)
         if args.verb in ("run", "agent", "shell"):
             sandboxed = True
             signal.signal(signal.SIGINT, _stop)  # a second Ctrl-C waits for the teardown

@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Any
 
 from .cli import _ending, _env, _policy, network_line
 from .errors import UsageError
+from .options import Args
 from .record import replace
 
 __all__ = ["cmd_agent"]
 
 
-def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
+def cmd_agent(args: Args, cmd: list[str]) -> int:
     from . import api
     from .agent import note_environment, profile_for
     from .host import detect
@@ -64,7 +64,7 @@ def cmd_agent(args: argparse.Namespace, cmd: list[str]) -> int:
     return result.exit_code
 
 
-def _shell_command(args: argparse.Namespace, cmd: list[str]
+def _shell_command(args: Args, cmd: list[str]
                    ) -> tuple[list[str], Any, tuple[str, ...]]:
     """corral shell's argv and policy; the files to create before it runs (--prefix)."""
     from .agent import shell

@@ -13,6 +13,7 @@ from typing import Any
 from .. import httpauth
 from ..errors import UsageError
 from ..httpauth import add_argument as add_token_argument
+from ..options import Args
 from ..policy import Policy, parse_duration
 from ..request import PROFILES
 
@@ -62,7 +63,7 @@ def _profile(name: str | None) -> str:
     return profile
 
 
-def serve(args: argparse.Namespace, policy_of: Callable[[argparse.Namespace, str], Policy],
+def serve(args: Args, policy_of: Callable[[Args, str], Policy],
           env_of: Callable[[Sequence[str]], list[tuple[str, str]]]) -> int:
     """Check every option, then serve until the client or a signal ends it; 0 when it did."""
     policy = policy_of(args, _profile(args.profile))

@@ -14,6 +14,7 @@ from typing import Any
 from ..errors import UsageError
 from ..httpauth import add_argument as add_token_argument
 from ..httpauth import read_token
+from ..options import Args
 from ..record import replace
 from .config import Caps, Config
 
@@ -74,7 +75,7 @@ def add_arguments(s: argparse.ArgumentParser) -> None:
     s.add_argument("--runs-dir", metavar="DIR", help="where per-run directories go")
 
 
-def main(args: argparse.Namespace) -> int:
+def main(args: Args) -> int:
     """``corral serve``, from its parsed options."""
     from ..cli import _count
     from ..engines.local import default_workers
