@@ -309,6 +309,21 @@ def test_named_tuple_is_typings() -> None:
         assert (repr(g), tuple(g), g._asdict(), g.twice()) == (repr(w), tuple(w), w._asdict(),
                                                                w.twice())
         assert g._replace(size=1) == w._replace(size=1) and hash(g) == hash(w)
+        assert g == type(g)._make(tuple(g))
+    g = got("a", tags=("t",))
+    assert (g.name, g.size, g.tags) == ("a", 3, ("t",)) == tuple(g)
+    for call, message in ((lambda: got(), "missing"), (lambda: got("a", 1, (), 4), "positional"),
+                          (lambda: got("a", name="b"), "multiple"),
+                          (lambda: got("a", bogus=1), "unexpected")):
+        with pytest.raises(TypeError, match=message):
+            call()
+    with pytest.raises(ValueError):
+        g._replace(bogus=1)
+    from corral.bwrap import RoBind  # a class pickle can find by name
+
+    bound = RoBind("/a", "/b")
+    assert pickle.loads(pickle.dumps(bound)) == bound and copy.deepcopy(bound) == bound
+    assert type(pickle.loads(pickle.dumps(bound))) is RoBind
     for bad in ('class X(BASE):\n    a: int = 1\n    b: int\n',
                 'class X(BASE):\n    a: int\n    def _asdict(self): pass\n'):
         errors: list[Any] = []

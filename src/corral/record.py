@@ -165,12 +165,14 @@ def field_names(kind: type[Record] | Record) -> tuple[str, ...]:
     return kind._fields
 
 
-# typing.NamedTuple, minus the evaluation of each field's annotation: with postponed
-# annotations every field's string becomes a ForwardRef, compiled once (callgrind: ~1.1 M
-# instructions for a class of 3 fields, against ~0.34 M for collections.namedtuple, which
-# this calls; 33 such classes load at every corral run).  The class made is the same
-# collections.namedtuple with the body's methods, docstring and qualified name, as
-# typing's own metaclass makes it; mypy sees typing.NamedTuple.
+# typing.NamedTuple, minus the evaluation of each field's annotation (with postponed
+# annotations every field's string becomes a ForwardRef, compiled once: callgrind, ~1.1 M
+# instructions for a class of 3 fields) and minus collections.namedtuple's compile of a
+# __new__ for each class (~0.34 M a class; 37 such classes load at every corral run).
+# The class made is a tuple subclass with what namedtuple gives it (fields by name,
+# _fields, _field_defaults, _make, _replace, _asdict, the repr, __match_args__,
+# pickling), the body's methods, docstring and qualified name; one __new__ of plain
+# Python binds the arguments for every class.  mypy sees typing.NamedTuple.
 if TYPE_CHECKING:
     from typing import NamedTuple as NamedTuple
 else:
@@ -184,13 +186,11 @@ else:
                 return super().__new__(mcs, name, bases, ns)
             if bases != (NamedTuple,):
                 raise TypeError("corral.record.NamedTuple takes no other base")
-            from collections import namedtuple
-
             names = list(ns.get("__annotations__", {}))
             defaults = [ns[n] for n in names if n in ns]
             if any(n not in ns for n in names[len(names) - len(defaults):]):
                 raise TypeError(f"{name}: a field without a default follows one with")
-            made = namedtuple(name, names, defaults=defaults, module=ns["__module__"])
+            made = _tuple_class(name, tuple(names), tuple(defaults), ns["__module__"])
             made.__annotations__ = dict(ns.get("__annotations__", {}))
             for key, value in ns.items():
                 if key in _PROHIBITED:
@@ -201,3 +201,60 @@ else:
 
     class NamedTuple(metaclass=_NamedTupleMeta):
         pass
+
+    def _tuple_class(name: str, names: tuple[str, ...], defaults: tuple[Any, ...],
+                     module: str) -> type:
+        from collections import _tuplegetter  # type: ignore[attr-defined]
+
+        first_default = len(names) - len(defaults)
+        index = {n: i for i, n in enumerate(names)}
+
+        def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+            if len(args) > len(names):
+                raise TypeError(f"{name}() takes {len(names)} positional arguments but "
+                                f"{len(args)} were given")
+            values = [*args, *defaults[len(args) - first_default:]] \
+                if len(args) >= first_default else [*args, *([_MISSING] * (
+                    first_default - len(args))), *defaults]
+            for key, value in kwargs.items():
+                at = index.get(key)
+                if at is None:
+                    raise TypeError(f"{name}() got an unexpected keyword argument {key!r}")
+                if at < len(args):
+                    raise TypeError(f"{name}() got multiple values for argument {key!r}")
+                values[at] = value
+            if any(v is _MISSING for v in values):
+                missing = [names[i] for i, v in enumerate(values) if v is _MISSING]
+                raise TypeError(f"{name}() missing required arguments: {missing}")
+            return tuple.__new__(cls, values)
+
+        def _make(cls: type, iterable: Any) -> Any:
+            made = tuple.__new__(cls, iterable)
+            if len(made) != len(names):
+                raise TypeError(f"Expected {len(names)} arguments, got {len(made)}")
+            return made
+
+        def _replace(self: Any, **changes: Any) -> Any:
+            made = _make(type(self), map(changes.pop, names, self))
+            if changes:
+                raise ValueError(f"Got unexpected field names: {list(changes)!r}")
+            return made
+
+        def __repr__(self: Any) -> str:
+            return f"{type(self).__name__}(" + ", ".join(
+                f"{n}={v!r}" for n, v in zip(names, self, strict=True)) + ")"
+
+        def _asdict(self: Any) -> dict[str, Any]:
+            return dict(zip(names, self, strict=True))
+
+        def __getnewargs__(self: Any) -> tuple[Any, ...]:
+            return tuple(self)
+
+        body: dict[str, Any] = {
+            "__slots__": (), "__module__": module, "_fields": names, "__match_args__": names,
+            "_field_defaults": dict(zip(names[first_default:], defaults, strict=True)),
+            "__new__": __new__, "_make": classmethod(_make), "_replace": _replace,
+            "__repr__": __repr__, "_asdict": _asdict, "__getnewargs__": __getnewargs__}
+        for i, n in enumerate(names):
+            body[n] = _tuplegetter(i, f"Alias for field number {i}")
+        return type(name, (tuple,), body)
