@@ -42,7 +42,9 @@ NOT_LOADED = {"secrets", "hashlib", "_hashlib", "hmac", "random", "calendar", "d
               # quoting for --dry-run's lines
               "shlex",
               # argparse and gettext: the plain use of run is parsed from corral.options
-              "argparse", "gettext", "corral.parsers"}
+              "argparse", "gettext", "corral.parsers",
+              # typing: the run path's modules import it for mypy only (corral.record)
+              "typing"}
 
 MODULES = """\
 import importlib, json, sys

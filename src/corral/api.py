@@ -9,7 +9,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast, overload
 
 from . import audit, cinit, egress, enforce, fsops, guard, host, pending, resolve, workspace
 from .bwrap import Sandbox
@@ -22,10 +21,16 @@ from .policy import Policy
 from .record import Record, field
 from .workspace import Change, RunDir
 
+TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:  # and imported where used: `corral run` pays for neither (bench/floor.py)
+    from typing import Any, overload
+
     from . import agent
     from .request import RunRequest
     from .result import RunResult
+else:
+    def overload(f: object) -> object:  # typing's, for mypy only (ruff: F811 below)
+        return f
 
 __all__ = ["Result", "plan", "plan_agent", "run", "run_agent"]
 
@@ -141,13 +146,13 @@ def run(cmd: RunRequest, policy: None = None, *, runs_dir: str | None = None) ->
 
 
 @overload
-def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str | None = None,
+def run(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str | None = None,  # noqa: F811
         inputs: Sequence[str] = (), capture: bool = True, stdin: bytes | None = None,
         env: Sequence[tuple[str, str]] = (), runs_dir: str | None = None,
         own_workspace: bool = False) -> Result: ...
 
 
-def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
+def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noqa: F811
         workspace_dir: str | None = None, inputs: Sequence[str] = (), capture: bool = True,
         stdin: bytes | None = None, env: Sequence[tuple[str, str]] = (),
         runs_dir: str | None = None, own_workspace: bool = False) -> Result | RunResult:
@@ -174,7 +179,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
         from .execute import run_request
 
         return run_request(cmd, runs_dir=runs_dir)
-    cmd = cast("Sequence[str]", cmd)  # what isinstance would have narrowed it to
+    argv: Sequence[str] = cmd  # type: ignore[assignment]  # what isinstance narrowed it to
     policy = policy or Policy()
     _check_env(env)  # bad variables: refused before anything is created
     facts = host.detect()
@@ -189,7 +194,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     image = None
     if disk_why is None:
         image, disk_why = _stage(run_dir, policy, later, (uid, gid))
-    sb = resolve.resolve_run(policy, list(cmd), facts, run_dir.workspace, uid, gid, env,
+    sb = resolve.resolve_run(policy, list(argv), facts, run_dir.workspace, uid, gid, env,
                              init=init)
     before = {} if run_dir.fresh else workspace.snapshot(run_dir.workspace)
     owner = (uid, gid) if facts.is_root else None
@@ -197,7 +202,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,
     census = audit.Census(((run_dir.workspace, owner),), names) if run_dir.fresh else \
         audit.census_of_tree(run_dir.workspace, owner, names)
     record: dict[str, Any] = {
-        "run_id": run_dir.run_id, "command": list(cmd), "profile": policy.name,
+        "run_id": run_dir.run_id, "command": list(argv), "profile": policy.name,
         "workspace": run_dir.workspace, "uid": uid, "gid": gid, "init": _init_name(sb),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
     }

@@ -29,10 +29,13 @@ import struct
 import termios
 import time
 from collections.abc import Callable
-from typing import Any
 
 from . import termout
 from .errors import LaunchError
+
+TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Freezer", "Terminal"]
 
