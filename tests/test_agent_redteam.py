@@ -299,6 +299,39 @@ def test_every_stopping_signal_waits_for_the_audit(who: Identity, lab: Lab) -> N
         subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
 
 
+PATH_GIT_RUNNER = """
+import shutil, sys
+from corral import host
+from corral.cli import main
+if sys.argv[1] == "which":  # the control: git found on PATH as shutil.which finds it
+    host.system_program = shutil.which
+main(["agent", "--", "/bin/sh", "-c", sys.argv[2]])
+"""
+
+
+def test_the_audit_never_runs_a_git_the_agent_planted_on_path(who: Identity, lab: Lab) -> None:
+    """The audit checks a pack the run wrote with the host's ``git index-pack``, and found
+    git on the launcher's PATH: with a folder of the project on PATH (``bin``,
+    ``node_modules/.bin``), the agent's own ``git`` ran there, on the host, outside the
+    sandbox (found by review).  Now only the system's git is run.  Control: git found as
+    shutil.which finds it, the agent's program runs on the host."""
+    ran = lab.project / "HOST-RAN-PLANTED-GIT"
+    plant = (f"mkdir -p bin && printf '#!/bin/sh\\necho ran > {ran}\\nexec /usr/bin/git \"$@\"\\n'"
+             " > bin/git && chmod 755 bin/git && echo MODE > f && G='/usr/bin/git -c "
+             "user.name=a -c user.email=a@example.invalid' && $G add f && $G commit -qm y && "
+             "$G repack -a -d -q 2>/dev/null; ls .git/objects/pack | grep -c pack")
+    env = {"PATH": f"{lab.project}/bin:/usr/local/bin:/usr/bin:/bin"}
+    for mode in ("system", "which"):
+        r = subprocess.run([*who.prefix(), "-c", PATH_GIT_RUNNER, mode,
+                            plant.replace("MODE", mode)],
+                           cwd=lab.project, env=who.environ(env), capture_output=True,
+                           text=True, timeout=300, check=False)
+        assert r.returncode == 0 and r.stdout.strip() == "2", r  # a pack and its index
+        assert ran.exists() == (mode == "which"), (mode, r.stderr)
+        ran.unlink(missing_ok=True)
+        subprocess.run(["rm", "-rf", str(lab.project / "bin")], check=True)
+
+
 # --- git's global settings, wherever the user keeps them ---------------------------------
 
 def _commit(who: Identity, cwd: Path, env: dict[str, str] | None = None

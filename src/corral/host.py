@@ -208,15 +208,22 @@ def _executable_file(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def find_bwrap() -> str | None:
-    """The first bwrap on PATH that is the system's: a ``bwrap`` in a folder a payload
-    could write (a project's ``bin`` on PATH) is never started, not even for its version
-    (DESIGN, wave 2, root 1).  Any other is named with CORRAL_BWRAP."""
+def system_program(name: str) -> str | None:
+    """The first program ``name`` on PATH that is the system's: root's, in a folder only
+    root can write.  Every program corral itself runs on the host is found this way (or
+    has a fixed place): one in a folder a payload could write (a project's ``bin`` or
+    ``node_modules/.bin`` on PATH) is never started (DESIGN, wave 2, root 1)."""
     for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(folder, "bwrap") if os.path.isabs(folder) else ""
+        candidate = os.path.join(folder, name) if os.path.isabs(folder) else ""
         if candidate and _executable_file(candidate) and _system_owned(os.path.realpath(candidate)):
             return candidate
     return None
+
+
+def find_bwrap() -> str | None:
+    """The system's bwrap (:func:`system_program`), not even started for its version
+    otherwise; any other is named with CORRAL_BWRAP."""
+    return system_program("bwrap")
 
 
 @functools.cache
