@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import pwd
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 from .. import discover, fsops, guard, interp, program, repos, resolve
 from ..bwrap import (
@@ -49,6 +48,7 @@ from ..host import HostFacts
 from ..locate import Roots
 from ..policy import Policy, passed
 from ..reach import can_reach, dir_modes
+from ..record import NamedTuple
 from . import state
 
 __all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "identity", "profile_for",

@@ -18,10 +18,10 @@ import os
 import re
 import stat
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from ..errors import UsageError
 from ..fsops import Tree
+from ..record import NamedTuple
 
 __all__ = ["Command", "from_prefix", "prepare", "shell_argv"]
 

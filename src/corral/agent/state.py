@@ -25,11 +25,11 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
 
 from ..errors import UsageError
 from ..fsops import Tree
 from ..policy import Policy
+from ..record import NamedTuple
 
 __all__ = ["STORE", "StateDir", "check_apart", "plan", "prepare"]
 

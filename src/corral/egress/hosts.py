@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
-from dataclasses import dataclass
+
+from ..record import Record
 
 __all__ = ["METADATA", "Host", "IPAddress", "address_forms", "address_problem", "canonical_ip",
            "normalise_name", "parse_host", "parse_port", "split_host_port"]
@@ -34,8 +35,7 @@ _COMPAT = ipaddress.IPv6Network("::/96")
 _CGNAT = ipaddress.IPv4Network("100.64.0.0/10")
 
 
-@dataclass(frozen=True, slots=True)
-class Host:
+class Host(Record, frozen=True):
     """A target host in normal form: ``name`` is lower-case ASCII, or the canonical IP."""
 
     name: str

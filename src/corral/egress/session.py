@@ -41,22 +41,22 @@ import contextlib
 import os
 import resource
 import threading
-from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
 
 from ..bwrap import Sandbox
 from ..errors import LaunchError, block_stopping
 from ..policy import Network
-from ..record import replace
+from ..record import Record, replace
 from . import forked
 from .account import BYTE_BUDGET, Account
 from .log import DecisionLog
 from .off import NoEgress
 from .rules import BRIDGE_PORT, Rules, compile_rules
 
+TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:  # asyncio costs ~15 ms to import: only a run that allows a name pays it
     import asyncio
+    from typing import Any
 
     from .proxy import Proxy, Resolver
 
@@ -94,8 +94,7 @@ def bridge_source() -> bytes:
         return f.read()
 
 
-@dataclass(frozen=True, slots=True)
-class Bridge:
+class Bridge(Record, frozen=True):
     """What corral's init needs to start the bridge: the pair's descriptor and the port."""
 
     fd: int | None  # None in --dry-run: the descriptor exists only at launch
