@@ -247,9 +247,9 @@ def test_a_run_whose_corral_was_killed_is_audited_at_the_next_launch(who: Identi
     nxt = agent(who, lab, "echo NEXT")
     assert nxt.returncode == 0 and "NEXT" in nxt.stdout, nxt
     assert not hook.exists(), nxt.stderr
-    assert "killed before its audit" in nxt.stderr, nxt.stderr
+    assert "audit was not done" in nxt.stderr, nxt.stderr
     again = agent(who, lab, "echo AGAIN")  # audited once: nothing more to say
-    assert "killed before its audit" not in again.stderr, again.stderr
+    assert "audit was not done" not in again.stderr, again.stderr
     # Control: a launch with another runs directory knows nothing of the killed run.
     subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
     _killed_run(who, lab)
@@ -295,7 +295,7 @@ def test_every_stopping_signal_waits_for_the_audit(who: Identity, lab: Lab) -> N
         else:
             assert hook.exists(), proc.stderr
             nxt = agent(who, lab, "echo NEXT")
-            assert not hook.exists() and "killed before its audit" in nxt.stderr, nxt
+            assert not hook.exists() and "audit was not done" in nxt.stderr, nxt
         subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
 
 
@@ -330,6 +330,99 @@ def test_the_audit_never_runs_a_git_the_agent_planted_on_path(who: Identity, lab
         assert ran.exists() == (mode == "which"), (mode, r.stderr)
         ran.unlink(missing_ok=True)
         subprocess.run(["rm", "-rf", str(lab.project / "bin")], check=True)
+
+
+LOCKED_RUNNER = """
+import sys
+from corral import fswalk
+from corral.cli import main
+if sys.argv[1] == "locked":  # the control: a refusal is not met by unlocking the folder
+    fswalk._unlocked = lambda tree, op, *folders: op()
+main(["agent", "--", "/bin/sh", "-c", sys.argv[2]])
+"""
+
+
+def test_a_git_directory_the_payload_locked_is_still_audited(who: Identity, lab: Lab) -> None:
+    """A new repository whose config names a command (core.fsmonitor), its .git made
+    read-only (chmod 555; Landlock does not govern modes): the audit could not move the
+    config out (EACCES), warned, and settled the census it owed, so nothing ever undid it
+    and host git ran the command (found by review).  Now the owner's rights come back to a
+    folder the payload locked before a move or removal, as before a listing; and an
+    audit that failed to undo something stays owed.  Control: without the unlocking, the
+    config stays and the census is still owed."""
+    ran = lab.project / "HOST-GIT-RAN-FSMONITOR"
+    plant = (f"git init -q sub && git -C sub config core.fsmonitor 'echo ran > {ran}; false'"
+             " && chmod 555 sub/.git && echo PLANTED")
+    for mode in ("unlocked", "locked"):
+        r = subprocess.run([*who.prefix(), "-c", LOCKED_RUNNER, mode, plant],
+                           cwd=lab.project, env=who.environ(), capture_output=True, text=True,
+                           timeout=300, check=False)
+        assert "PLANTED" in r.stdout, r
+        config = lab.project / "sub" / ".git" / "config"
+        owed = list((who.tmp / "runs" / ".pending").glob("*.json"))
+        if mode == "unlocked":
+            assert r.returncode == 0 and not config.exists() and owed == [], r.stderr
+            who.run(["git", "-c", "safe.directory=*", "status"], cwd=lab.project / "sub")
+            assert not ran.exists()
+        elif who.is_root:  # root's own moves are not refused by the folder's mode
+            assert not config.exists() and owed == [], r.stderr
+        else:
+            assert config.exists() and "could not undo it" in r.stderr and owed, r.stderr
+            for left in owed:
+                left.unlink()
+        subprocess.run(["chmod", "-R", "u+w", str(lab.project / "sub")], check=True)
+        subprocess.run(["rm", "-rf", str(lab.project / "sub")], check=True)
+
+
+def test_an_owed_audit_a_launch_cannot_do_yet_stays_owed(who: Identity, lab: Lab) -> None:
+    """A run whose corral was SIGKILLed owes its audit to the next launch.  The payload
+    also left a credential-looking file at the project's top (.netrc): the next launch
+    refused the project, and dropped the owed audit unaudited, so once the user removed
+    the file nothing ever audited the plant (found by review).  Now it stays owed, and is
+    named at every launch until it can be done.  (Control: the killed run alone, without
+    .netrc, is audited at the next launch: test_a_run_whose_corral_was_killed_...)"""
+    hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
+    _killed_run(who, lab)
+    netrc = lab.project / ".netrc"
+    netrc.write_text("machine x login y password z\n")
+    lab.own(netrc)
+    refused = agent(who, lab, "echo NEXT")
+    assert refused.returncode == 125 and hook.exists(), refused
+    assert "still owed" in refused.stderr, refused.stderr
+    netrc.unlink()
+    nxt = agent(who, lab, "echo NEXT")
+    assert nxt.returncode == 0 and not hook.exists(), nxt
+    assert "audit was not done" in nxt.stderr, nxt.stderr
+    subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+
+
+CAPPED_RUNNER = """
+import sys
+from corral import audit
+from corral.cli import main
+audit.AUDIT_CAP = 300  # as 500,000 entries are for the real cap
+main(["agent", "--", "/bin/sh", "-c", sys.argv[1]])
+"""
+
+
+def test_an_audit_that_meets_its_cap_stays_owed(who: Identity, lab: Lab) -> None:
+    """The payload made more entries than the audit walks (500,000) beside a planted
+    repository: the audit stopped, said so, and settled the census it owed, so nothing
+    audited the plant after the user cleaned up (found by review).  Now an audit that did
+    not finish stays owed, and the next launch does it.  Scaled down: a cap of 300."""
+    hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
+    plant = (f"{KILLED_PLANT.replace(' && sleep 60', '')} && mkdir many && cd many && "
+             "touch $(seq 1 400)")
+    r = subprocess.run([*who.prefix(), "-c", CAPPED_RUNNER, plant], cwd=lab.project,
+                       env=who.environ(), capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert "PLANTED" in r.stdout and "could not finish" in r.stderr, r
+    assert list((who.tmp / "runs" / ".pending").glob("*.json")), r.stderr  # still owed
+    subprocess.run(["rm", "-rf", str(lab.project / "many")], check=True)
+    nxt = agent(who, lab, "echo NEXT")  # the owed audit, whole this time
+    assert nxt.returncode == 0 and not hook.exists(), nxt
+    assert not list((who.tmp / "runs" / ".pending").glob("*.json")), nxt.stderr
+    subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
 
 
 # --- git's global settings, wherever the user keeps them ---------------------------------

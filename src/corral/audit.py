@@ -134,7 +134,8 @@ def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
     """Watch the census' git directories while the block runs, then audit, however the
     block ends; the stopping signals wait meanwhile (a second Ctrl-C must not cut the
     audit short).  ``actions`` receives what the watch and the audit did; ``done`` is
-    called once the audit has run to its end (not when it raised)."""
+    called once the audit has run to its end and did all it had to (not when it raised,
+    met its cap, or failed to move something)."""
     from .livewatch import LiveWatch  # it reports with Action, defined here
 
     watch = LiveWatch(census.watched())
@@ -144,8 +145,10 @@ def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
     finally:
         with signals_held():
             actions += watch.actions
-            actions += Auditor(census, quarantine).run()
-            done()
+            audited = Auditor(census, quarantine).run()
+            actions += audited
+            if not any(a.did == "failed" for a in audited):  # else still owed (pending)
+                done()
 
 
 def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],

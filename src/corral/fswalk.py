@@ -8,10 +8,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import itertools
+import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .fsops import Entry, Tree, kind_of
+
+TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
+_NONE = os.stat_result((0,) * 10)  # lstat of a name that is gone: not a directory
 
 __all__ = ["COPY_CAP", "move", "remove", "walk"]
 
@@ -77,9 +85,26 @@ def join(rel: str, name: str) -> str:
     return f"{rel}/{name}" if rel else name
 
 
+def _parent(rel: str) -> str:
+    return rel.rpartition("/")[0]
+
+
+def _unlocked(tree: Tree, op: Callable[[], T], *folders: str) -> T:
+    """``op()``; refused (a folder the payload locked: ``chmod 555 .git``), the owner's
+    rights back on each of ``folders`` (the tree's owner's own, as the walk does to list
+    them), and ``op()`` once more."""
+    try:
+        return op()
+    except PermissionError:
+        for folder in folders:
+            tree.grant(folder, 0o700)
+        return op()
+
+
 def remove(tree: Tree, rel: str, budget: list[int] | None = None) -> None:
-    """Remove ``rel`` and, if a directory, all beneath it (links themselves only).
-    ``budget`` (one number, shared) caps the entries removed: ``E2BIG`` past it."""
+    """Remove ``rel`` and, if a directory, all beneath it (links themselves only), the
+    owner's rights given back to a folder the payload locked on the way.  ``budget`` (one
+    number, shared) caps the entries removed: ``E2BIG`` past it."""
     budget = budget if budget is not None else [1 << 20]
     st = tree.lstat(rel)
     if st is None:
@@ -88,19 +113,23 @@ def remove(tree: Tree, rel: str, budget: list[int] | None = None) -> None:
     if budget[0] < 0:
         raise OSError(errno.E2BIG, "too many entries to remove", tree.path(rel))
     if not stat.S_ISDIR(st.st_mode):
-        tree.unlink(rel)
+        _unlocked(tree, lambda: tree.unlink(rel), _parent(rel))
         return
-    for e in tree.scandir(rel):
+    for e in _unlocked(tree, lambda: tree.scandir(rel), rel):
         remove(tree, join(rel, e.name), budget)
-    tree.rmdir(rel)
+    _unlocked(tree, lambda: tree.rmdir(rel), _parent(rel))
 
 
 def move(tree: Tree, rel: str, dest: Tree, dest_rel: str) -> None:
-    """Move ``rel`` to ``dest_rel`` beneath ``dest``: a rename, or across file systems a
-    bounded copy (files, directories, links; ``COPY_CAP`` bytes) and then a removal.
-    A FIFO, socket or device is not copied: ``EXDEV`` then, and nothing changes."""
+    """Move ``rel`` to ``dest_rel`` beneath ``dest``: a rename (the owner's rights given
+    back to the folder it leaves, and to itself if a folder, when the payload locked
+    them), or across file systems a bounded copy (files, directories, links; ``COPY_CAP``
+    bytes) and then a removal.  A FIFO, socket or device is not copied: ``EXDEV`` then,
+    and nothing changes."""
+    folders = (_parent(rel), rel) if stat.S_ISDIR((tree.lstat(rel) or _NONE).st_mode) \
+        else (_parent(rel),)
     try:
-        tree.rename(rel, dest, dest_rel)
+        _unlocked(tree, lambda: tree.rename(rel, dest, dest_rel), *folders)
         return
     except OSError as e:
         if e.errno != errno.EXDEV:

@@ -97,7 +97,8 @@ def settle(path: str | None) -> None:
 
 
 def recover(runs_dir: str) -> list[Action]:
-    """Audit every run of ``runs_dir`` whose launcher died before auditing it."""
+    """Audit every run of ``runs_dir`` whose launcher died before auditing it, or whose
+    audit failed to do all it had to; what still cannot be done stays owed."""
     folder = os.path.join(os.path.realpath(runs_dir), PENDING)
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
@@ -112,14 +113,21 @@ def recover(runs_dir: str) -> list[Action]:
         if entry.get("started") is not None and \
                 _started(int(entry.get("pid", 0))) == entry["started"]:
             continue  # its launcher still runs: its own audit is to come
-        census = _trusted(entry)
-        if census is not None:
-            root = entry.get("root") or os.path.join(os.path.dirname(folder),
-                                                     name[:-len(".json")])
-            done = Auditor(census, _maker(str(root))).run()
-            actions += [Action(a.path, a.did, f"{a.why} (left by a run whose corral was "
-                                              "killed before its audit)", a.to) for a in done]
-        settle(path)
+        census, why = _trusted(entry)
+        if census is None:
+            if why is None:  # not a census at all: nothing can ever be audited from it
+                settle(path)
+            else:  # owed still, and said at every launch until it can be done
+                actions.append(Action(path, "failed", "the audit of an earlier run is still "
+                                      f"owed, and cannot be done yet: {why}"))
+            continue
+        root = entry.get("root") or os.path.join(os.path.dirname(folder), name[:-len(".json")])
+        done = Auditor(census, _maker(str(root))).run()
+        actions += [Action(a.path, a.did, f"{a.why} (left by an earlier run whose audit was "
+                                          "not done: its corral was killed, or the audit did "
+                                          "not finish)", a.to) for a in done]
+        if not any(a.did == "failed" for a in done):  # else the next launch tries again
+            settle(path)
     return actions
 
 
@@ -139,17 +147,21 @@ def _load(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _trusted(entry: dict[str, Any]) -> Census | None:
+def _trusted(entry: dict[str, Any]) -> tuple[Census | None, str | None]:
     """The census, if every tree it names could still be a project (never a home, a
-    system folder or one holding credentials)."""
+    system folder or one holding credentials); else None, and why it cannot be audited
+    now (None: it is no census)."""
     try:
         census = _from_json(entry["census"])
-        for top, _ in census.trees:
+    except (KeyError, TypeError, ValueError):
+        return None, None
+    for top, _ in census.trees:
+        try:
             if guard.check_writable_root(top, "audited tree") != top:
-                return None
-    except (KeyError, TypeError, ValueError, UsageError):
-        return None
-    return census
+                return None, f"{top} is no longer the folder it was"
+        except UsageError as e:
+            return None, str(e)
+    return census, None
 
 
 def _maker(root: str) -> Any:
