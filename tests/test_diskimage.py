@@ -2,9 +2,10 @@
 
 Started by root, a run with a disk limit gets an ext4 image of its own (corral.diskimage).
 mke2fs took ~4 ms of every run; the image is now a copy of the few blocks of a template
-that corral formatted once in ``RUNS/.templates``.  What a template holds is what every
-run's workspace starts with, so only one corral made itself is used.  Root only: a plain
-user's workspace has no image (it is measured, tests/test_disk.py).
+that corral formatted once in its cache (/var/cache/corral/images).  What a template holds
+is what every run's workspace starts with, so only one corral made itself is used.  Root
+only: a plain user's workspace has no image (it is measured, tests/test_disk.py).  Each
+test has a cache of its own (CORRAL_CACHE_DIR): a planted template reaches no other test.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ PLANT = "test -e /work/POISON && echo planted || echo clean"
 
 def _run(root: Identity, runs: Path, script: str = PLANT) -> dict[str, object]:
     r = root.corral_json("--runs-dir", str(runs), "--disk", "64M", "--", "/bin/sh", "-c",
-                         script)
+                         script, env={"CORRAL_CACHE_DIR": str(root.tmp / "cache")})
     assert r["status"] == "exited", r
     return r
 
 
 def _templates(runs: Path) -> list[Path]:
-    return sorted((runs / ".templates").iterdir())
+    return sorted((runs.parent / "cache" / "images").iterdir())
 
 
 def test_fresh_workspaces_are_copies_of_one_template(root: Identity) -> None:
@@ -45,8 +46,9 @@ def test_fresh_workspaces_are_copies_of_one_template(root: Identity) -> None:
     st = template.lstat()
     assert stat.S_ISREG(st.st_mode) and st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o600
     assert st.st_blocks * 512 < 4 << 20 < st.st_size  # sparse: a few blocks of metadata
-    assert stat.S_IMODE((runs / ".templates").lstat().st_mode) == 0o700
+    assert stat.S_IMODE(template.parent.lstat().st_mode) == 0o700
     assert not list(runs.glob("*/work.img"))  # each run's copy let go after the run
+    assert not list(runs.glob(".*"))  # the runs directory holds runs alone
 
 
 def _poison(template: Path) -> None:
@@ -72,7 +74,7 @@ def test_only_a_template_corral_made_is_used(root: Identity, how: str) -> None:
     _run(root, runs)
     [template] = _templates(runs)
     _poison(template)
-    folder = runs / ".templates"
+    folder = template.parent
     if how == "group-readable":
         template.chmod(0o640)
     elif how == "folder of another user":

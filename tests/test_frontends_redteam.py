@@ -686,10 +686,95 @@ def _killed_launcher(who: Identity, runner: str, mode: str, marker: str, init: s
 
 
 def _remove_cgroups(who: Identity, runs: Path) -> None:
-    """The cgroups the runs in ``runs`` left (their launchers killed), once empty."""
+    """The cgroups the runs in ``runs`` left (their launchers killed), once empty: a --cpus
+    run's cpu cgroup too, its payload child first."""
     for run_id in os.listdir(runs) if runs.exists() else []:
-        for p in _cgroups_of(who, run_id):
-            assert eventually(lambda p=p: _rmdir(p), 30)
+        cpu = Path(f"/sys/fs/cgroup/cpu/corral/uid-{who.uid}/{run_id}")
+        for p in [*_cgroups_of(who, run_id), *([cpu / "payload", cpu] if cpu.exists() else [])]:
+            assert eventually(lambda p=p: _rmdir(p) or not p.exists(), 30)
+
+
+STARVING_RUNNER = """
+import os, signal, sys, threading
+from corral import limits
+from corral.cli import main
+mode, marker, spin = sys.argv[1], sys.argv[2], sys.argv[3]
+if mode == "capped":  # the control: corral's init shares the payload's CPU cap, as before
+    limits.Plan.payload_dirs = lambda self, run_id: []
+    limits.Plan.setting_path = lambda self, run_id, c, name: os.path.join(self.dirs(run_id)[c],
+                                                                          name)
+threading.Timer(5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+main(["run", "--cpus", "0.02", "--pids", "1100", "--timeout", "300", "--input", spin, "--",
+      "/work/spin", "1000", marker])
+"""
+# N threads that spin, made parked on a barrier (cheap even under the cap), then let go.
+SPIN = r"""
+#include <pthread.h>
+#include <stdlib.h>
+#include <unistd.h>
+static pthread_barrier_t go;
+static void *spin(void *a) {
+    (void)a;
+    pthread_barrier_wait(&go);
+    for (volatile unsigned long i = 0;; i++) {}
+    return 0;
+}
+int main(int argc, char **argv) {
+    int n = atoi(argv[1]);
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, 65536);
+    pthread_barrier_init(&go, 0, n + 1);
+    for (int i = 0; i < n; i++) {
+        pthread_t t;
+        if (pthread_create(&t, &at, spin, 0)) return 1;
+    }
+    pthread_barrier_wait(&go);
+    for (;;) pause();
+}
+"""
+
+
+@pytest.mark.parametrize("init", ["c", "python"])
+def test_a_payload_cannot_starve_its_init_of_cpu_under_its_cap(who: Identity, init: str
+                                                               ) -> None:
+    """corral's init sat in the run's CPU cap (--cpus) with the payload: 1000 spinning
+    threads under --cpus 0.02 kept it from running for minutes, so it never saw its
+    launcher go, and the sandbox outlived a SIGKILLed corral (20 minutes once) and its
+    timeout; in agent mode it planted files for host git meanwhile (found by review).
+    Now only the payload is in the cap (the init moves it into a child cgroup before it
+    starts it).  Control: the cap on the init too, the payload outlives its launcher."""
+    if init == "c":
+        from corral import cinit
+        need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    spin = who.tmp / "spin"
+    Path(f"{spin}.c").write_text(SPIN)
+    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(spin), f"{spin}.c"], check=True)
+    spin.chmod(0o755)
+    for mode in ("uncapped", "capped"):
+        marker = f"corral-starving-{os.urandom(4).hex()}"
+        runs = _killed_launcher(who, STARVING_RUNNER, mode, marker, init, str(spin))
+        if mode == "uncapped":
+            assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
+        else:
+            time.sleep(5)
+            left = processes_with(marker)
+            _uncap_and_kill(left)
+            assert eventually(lambda m=marker: processes_with(m) == [], 60)
+            assert left, "the control's payload died with its launcher"
+        _remove_cgroups(who, runs)
+
+
+def _uncap_and_kill(pids: list[int]) -> None:
+    """SIGKILL lands on a process only once it runs: lift the cap of its cgroup first."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                if line.split(":")[1] == "cpu":
+                    Path(f"/sys/fs/cgroup/cpu{line.split(':')[2]}/cpu.cfs_quota_us"
+                         ).write_text("-1")
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 STOPPING_RUNNER = """

@@ -34,6 +34,9 @@ from collections.abc import Callable
 from .errors import HostError
 from .host import Cgroups, HostFacts
 from .limits import (
+    INIT,
+    PAYLOAD,
+    PAYLOAD_ONLY,
     V1_CONTROLLERS,
     Access,
     Plan,
@@ -165,6 +168,8 @@ class RunCgroup:
         self.run_id = run_id
         self.dirs = plan.dirs(run_id)
         self.unique = plan.unique_dirs(run_id)
+        self.payload = plan.payload_dirs(run_id)  # the payload alone (limits.PAYLOAD_ONLY)
+        self.init_dir = plan.init_dir(run_id)  # v2 with a payload cgroup: bwrap and the init
         self.made: list[str] = []
         self.removed = False
 
@@ -184,8 +189,14 @@ class RunCgroup:
             for d in self.unique:
                 os.mkdir(d, 0o755)
                 self.made.append(d)
+            if self.init_dir is not None:  # v2: only a cgroup without processes delegates
+                _write(os.path.join(self.unique[0], "cgroup.subtree_control"),
+                       " ".join(f"+{c}" for c in PAYLOAD_ONLY))
+            for d in ([self.init_dir] if self.init_dir else []) + self.payload:
+                os.mkdir(d, 0o755)
+                self.made.append(d)
             for controller, name, value in self.plan.settings:
-                self._set(controller, name, value)
+                self._set(self.plan.setting_path(self.run_id, controller, name), value)
         except OSError as e:
             self.remove()
             raise HostError(f"cannot set up the run's cgroup ({e.filename or ''}: "
@@ -202,8 +213,7 @@ class RunCgroup:
                 if wanted:
                     _write(os.path.join(d, "cgroup.subtree_control"), wanted)
 
-    def _set(self, controller: str, name: str, value: str) -> None:
-        path = self.path(controller, name)
+    def _set(self, path: str, value: str) -> None:
         _write(path, value)
         got = (_read(path) or "").strip()
         page = os.sysconf("SC_PAGE_SIZE")
@@ -213,8 +223,15 @@ class RunCgroup:
             raise OSError(errno.EIO, f"wrote {value}, the kernel kept {got or 'nothing'}", path)
 
     def _targets(self) -> list[bytes]:
+        dirs = [self.init_dir] if self.init_dir is not None else self.unique
         return [os.fsencode(os.path.join(d, "tasks" if self.version == 1 else "cgroup.procs"))
-                for d in self.unique]
+                for d in dirs]
+
+    def payload_files(self) -> list[str]:
+        """What corral's init writes 0 into, in the payload's process before it runs
+        anything, to put it in its PAYLOAD cgroups: opened by the launcher, whose right to
+        move the process the kernel checks (the credentials the file was opened with)."""
+        return [os.path.join(d, "cgroup.procs") for d in self.payload]
 
     def join_files(self) -> list[str]:
         """The files the compiled init's ``--join`` mode (corral.cinit.join_prefix) writes 0
@@ -251,8 +268,9 @@ class RunCgroup:
     # -- while it runs, and after -------------------------------------------------
 
     def pids(self) -> list[int]:
-        """Processes in the run's cgroup now."""
-        text = _read(os.path.join(self.unique[0], "cgroup.procs")) or ""
+        """Processes in the run's cgroup now (on v2, its children hold them)."""
+        dirs = [self.init_dir, *self.payload] if self.init_dir is not None else self.unique[:1]
+        text = " ".join(_read(os.path.join(d, "cgroup.procs")) or "" for d in dirs)
         return [int(p) for p in text.split() if p.isdigit()]
 
     def cpu_s(self) -> float | None:
@@ -268,7 +286,16 @@ class RunCgroup:
         return usage(self.version, read)
 
     def kill(self) -> bool:
-        """SIGKILL everything in the run's cgroups until they are empty; False if they stay busy."""
+        """SIGKILL everything in the run's cgroups until they are empty; False if they stay busy.
+
+        The CPU cap is lifted first: a killed process dies only once it runs, and under a
+        small quota a thousand threads took minutes to."""
+        for d in self.payload:
+            with contextlib.suppress(OSError):
+                if self.version == 1:
+                    _write(os.path.join(d, "cpu.cfs_quota_us"), "-1")
+                else:
+                    _write(os.path.join(d, "cpu.max"), "max")
         if self.version == 2 and os.path.exists(os.path.join(self.unique[0], "cgroup.kill")):
             with contextlib.suppress(OSError):
                 _write(os.path.join(self.unique[0], "cgroup.kill"), "1")
@@ -327,7 +354,8 @@ class RunCgroup:
     def describe(self) -> dict[str, object]:
         """For the run record."""
         return {"version": self.version, "cgroups": self.unique, "removed": self.removed,
-                "settings": {name: value for _, name, value in self.plan.settings}}
+                "settings": {name: value for _, name, value in self.plan.settings},
+                **({"payload_cgroups": self.payload} if self.payload else {})}
 
 
 def sweep_stale(base: str, now: float | None = None) -> list[str]:
@@ -348,11 +376,14 @@ def sweep_stale(base: str, now: float | None = None) -> list[str]:
         if made is None or now - made < STALE_S:
             continue
         path = os.path.join(base, name)
-        procs = _read(os.path.join(path, "cgroup.procs"))
-        if procs is None or procs.strip():
+        here = [os.path.join(path, child) for child in (PAYLOAD, INIT)
+                if os.path.isdir(os.path.join(path, child))] + [path]
+        procs = [_read(os.path.join(d, "cgroup.procs")) for d in here]
+        if any(p is None or p.strip() for p in procs):
             continue  # processes in it, or unreadable: not a leftover
         with contextlib.suppress(OSError):
-            os.rmdir(path)
+            for d in here:
+                os.rmdir(d)
             gone.append(name)
     return gone
 

@@ -140,6 +140,8 @@ def _records(key: str, value: Any) -> list[str]:
         listens = [(value.get("host", "127.0.0.1"), value["port"]), *value.get("relays", ())]
         return [f"bridge_fd={int(value['fd'])}", f"bridge_batch={int(value['batch'])}",
                 *(f"listen={int(port)}:{host}" for host, port in listens)]
+    if key == "payload_cgroups":  # moved into by the payload's process before it runs
+        return [f"payload_cgroup={int(fd)}" for fd in value]
     if key == "expect_mounts":
         return [f"mount={int(action == 'hide')}:{int(dev)}:{int(ino)}:{path}"
                 for path, action, dev, ino in value]

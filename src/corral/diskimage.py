@@ -7,8 +7,8 @@ writes lands in the image.  Lifecycle, owned by :mod:`corral.enforce`:
 
 1. :meth:`Image.create`: a sparse file ``RUNS/<run-id>/work.img`` (the run
    directory is the launcher's own, mode 0700), formatted by copying the few
-   blocks of a template (:func:`template`: ``mke2fs`` run once per runs
-   directory, size and owner, argv from :func:`corral.limits.mke2fs_argv`; about
+   blocks of a template (:func:`template`: ``mke2fs`` run once per size and owner
+   in root's cache, argv from :func:`corral.limits.mke2fs_argv`; about
    0.1 ms a run against 4 ms for ``mke2fs`` itself), a loop device that detaches itself,
    and a *detached* mount of it (:func:`corral.mountns.mount_fs`): on the host
    it exists only as the launcher's descriptor.  Inputs are copied in through
@@ -44,9 +44,12 @@ from collections.abc import Callable
 from . import limits, mountns
 from .export import Exported, export
 
-__all__ = ["TEMPLATES", "Image", "template", "unavailable"]
+__all__ = ["Image", "template", "templates_dir", "unavailable"]
 
-TEMPLATES = ".templates"  # in the runs directory: see template()
+# Formatted templates (see template()) are a cache the launcher remakes whenever one is
+# missing: root's, in /var/cache/corral/images, or CORRAL_CACHE_DIR/images.  Never in a
+# runs directory, which holds runs alone.
+CACHE_DIR = "/var/cache/corral"
 
 MKE2FS_TIMEOUT_S = 60.0
 TEMPLATE_SLACK = 1 << 20  # data a template may report beyond its blocks (tails, rounding)
@@ -81,6 +84,10 @@ def _format(fd: int, owner: tuple[int, int]) -> None:
                    timeout=MKE2FS_TIMEOUT_S, pass_fds=[fd])
 
 
+def templates_dir() -> str:
+    return os.path.join(os.environ.get("CORRAL_CACHE_DIR") or CACHE_DIR, "images")
+
+
 def template(folder: str, size: int, owner: tuple[int, int]) -> int | None:
     """A descriptor of a formatted image of ``size`` bytes for ``owner``, made once in
     ``folder`` (the launcher's own: mode 0700, its owner's), or None when ``folder`` or the
@@ -97,7 +104,7 @@ def template(folder: str, size: int, owner: tuple[int, int]) -> int | None:
                        str(st.st_size), str(st.st_mtime_ns)])
     name = f"ext4-{size}-{owner[0]}-{owner[1]}-{zlib.crc32(shape.encode()):08x}.img"
     with contextlib.suppress(FileExistsError):
-        os.mkdir(folder, 0o700)
+        os.makedirs(folder, 0o700)
     dirfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not _private(os.fstat(dirfd), stat.S_ISDIR):
@@ -151,7 +158,7 @@ def _copy_template(folder: str, size: int, owner: tuple[int, int], dest: int) ->
             return False
         for offset, length in extents:
             while length > 0:
-                n = os.copy_file_range(src, dest, length, offset, offset)
+                n = _copy_range(src, dest, length, offset)
                 if n <= 0:
                     return False
                 offset, length = offset + n, length - n
@@ -160,6 +167,17 @@ def _copy_template(folder: str, size: int, owner: tuple[int, int], dest: int) ->
         return False
     finally:
         os.close(src)
+
+
+def _copy_range(src: int, dest: int, length: int, offset: int) -> int:
+    """Bytes copied at ``offset``: in the kernel, or (another file system) through here."""
+    try:
+        return os.copy_file_range(src, dest, length, offset, offset)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+    data = os.pread(src, min(length, 1 << 20), offset)
+    return os.pwrite(dest, data, offset) if data else 0
 
 
 def _extents(fd: int) -> list[tuple[int, int]] | None:

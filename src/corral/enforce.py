@@ -67,8 +67,8 @@ def image_unavailable(policy: Policy, facts: HostFacts, fresh: bool) -> str | No
 
 def make_image(run_root: str, capacity: int, owner: tuple[int, int]) -> tuple[Image | None, str]:
     """A fresh workspace's file system, free space ``capacity`` at least, or (None, why)."""
-    templates = os.path.join(os.path.dirname(run_root), diskimage.TEMPLATES)
-    image = Image(os.path.join(run_root, "work.img"), capacity, owner, templates)
+    image = Image(os.path.join(run_root, "work.img"), capacity, owner,
+                  diskimage.templates_dir())
     try:
         image.create()
     except (OSError, subprocess.SubprocessError) as e:

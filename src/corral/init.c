@@ -268,7 +268,19 @@ static int prefer_oom_kill(void) {
     return 0;
 }
 
+/* Into the run's payload cgroups (its CPU cap), before anything of the payload runs: the
+ * init stays out of the cap, so that no payload can starve it of the CPU it needs to see
+ * the launcher go (corral.limits.PAYLOAD_ONLY).  The launcher opened the files: the kernel
+ * checks its right to move this process, not ours. */
+static int join_payload_cgroups(void) {
+    for (int i = 0; i < cfg.n_payload_cgroups; i++)
+        if (write(cfg.payload_cgroups[i], "0", 1) != 1)
+            return fail("cannot enter the run's payload cgroup: %s", strerror(errno));
+    return 0;
+}
+
 static int confine(void) {
+    if (join_payload_cgroups() != 0) return -1;
     if (prefer_oom_kill() != 0) return -1; /* first: a plain user's watcher reads our fds */
     signal(SIGPIPE, SIG_DFL);
     signal(SIGXFSZ, SIG_DFL);

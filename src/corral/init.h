@@ -69,6 +69,7 @@ struct config {
     unsigned char *filter; size_t filter_len;
     int bridge_fd; /* the unix socket pair end to the host's proxy; -1: no egress */
     int bridge_batch; /* connections passed per wake-up before the watches come first */
+    int payload_cgroups[4]; int n_payload_cgroups; /* cgroup.procs the payload moves into */
     struct listen listens[MAX_LISTEN]; int n_listens; /* the first: the proxy port */
     /* The payload's environment, NAME=VALUE, NULL-terminated: bwrap gives the init none
      * (corral.bwrap.init_environment), it passes these to execve only. */

@@ -102,6 +102,12 @@ static int record(char *rec) {
         cfg.limits[cfg.n_limits++] = (struct lim){res, (rlim_t)n[0], (rlim_t)n[1]};
         return 0;
     }
+    if (strcmp(k, "payload_cgroup") == 0) {
+        if (number(v, n) != 0 || n[0] < 0 || n[0] > INT_MAX || cfg.n_payload_cgroups == 4)
+            return fail("bad payload cgroup %s", v);
+        cfg.payload_cgroups[cfg.n_payload_cgroups++] = (int)n[0];
+        return 0;
+    }
     if (strcmp(k, "listen") == 0) {
         const char *host = fields(v, n, 1);
         if (host == NULL || !*host || n[0] < 1 || n[0] > 65535 || cfg.n_listens == MAX_LISTEN)

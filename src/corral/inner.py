@@ -279,7 +279,15 @@ def take_terminal(fd: int) -> None:
 def exec_payload(cfg: dict[str, Any], argv: list[str], report_w: int) -> None:
     """In the forked child: confine, then exec.  Never returns."""
     try:
-        # First: dumpable again (the fork inherited the init's "not dumpable"), so that a
+        # Into the run's payload cgroups (its CPU cap) before anything of the payload runs;
+        # the init stays out of the cap (corral.limits.PAYLOAD_ONLY; init.c says why).
+        for fd in cfg.get("payload_cgroups", ()):
+            try:
+                os.write(int(fd), b"0")
+            except OSError as e:
+                raise SetupError(f"cannot enter the run's payload cgroup: {e.strerror}") \
+                    from None
+        # Then: dumpable again (the fork inherited the init's "not dumpable"), so that a
         # plain user's disk watcher can read this process's descriptors from the start.
         prefer_oom_kill()
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT):

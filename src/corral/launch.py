@@ -204,6 +204,7 @@ class Launch:
         self.mounts = mounts  # made by bwrap's child in a private mount namespace
         self.handles = Handles(preset)
         self.fds: list[int] = []  # our own ends, closed by close()
+        self.payload_cgroups: list[int] = []  # for the init (RunCgroup.payload_files)
         self.proc: subprocess.Popen[bytes] | None = None
         self.pid1_fd: int | None = None
         self.outcome = Outcome(status="error", exit_code=CORRAL_FAILED)
@@ -222,6 +223,8 @@ class Launch:
         """bwrap's argv and the descriptors it must inherit."""
         config = dict(bwrap.init_config(self.sb), status_fd=status_w, stderr_fd=stderr_fd,
                       cwd=self.sb.chdir, launcher_fd=launcher_fd)
+        if self.payload_cgroups:
+            config["payload_cgroups"] = list(self.payload_cgroups)
         if self.terminal is not None:  # the descriptor the init makes its terminal
             config["tty"] = self.terminal.sandbox_fd(stderr_fd)
         encoded = marshal.dumps(config) if self.sb.init_binary is None else cinit.encode(config)
@@ -240,7 +243,7 @@ class Launch:
         # With a reader of its own, bwrap goes on, and the init, watching launcher_fd (a
         # pidfd of this process), ends the sandbox (inner.py's supervise).
         keep = [args_fd, status_w, json_w, self.json_r, launcher_fd, stderr_fd,
-                *self.handles.all(), *self.extra_fds]
+                *self.payload_cgroups, *self.handles.all(), *self.extra_fds]
         return argv, keep
 
     def start(self) -> None:
@@ -269,6 +272,9 @@ class Launch:
                 stderr_fd = pty_err
         launcher_fd = os.pidfd_open(os.getpid())
         self.fds.append(launcher_fd)
+        for path in self.cgroup.payload_files() if self.cgroup is not None else ():
+            self.payload_cgroups.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
+            self.fds.append(self.payload_cgroups[-1])
         argv, keep = self.argv(status_w, json_w, stderr_fd, launcher_fd)
         def popen(preexec: Callable[[], None] | None, prefix: Sequence[str] = (),
                   more_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:

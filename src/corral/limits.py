@@ -52,6 +52,15 @@ V1_CONTROLLERS = ("memory", "pids", "cpu", "cpuacct")
 # fork that puts bwrap's child in one costs about 1 ms (see corral.cgroups).
 METERING = ("memory", "pids", "cpuacct")
 
+# Where a run's CPU bandwidth is capped (--cpus) the payload alone is in the cap: the run's
+# cgroup there has a child, PAYLOAD, which corral's init moves the payload into before it
+# starts it.  A payload that starved its init of CPU under a small quota (1000 spinning
+# threads under --cpus 0.02) kept the init from seeing its launcher go, so the sandbox
+# outlived a SIGKILLed corral by minutes.  On cgroup v2 a cgroup with children holds no
+# processes: bwrap and the init go in a sibling, INIT.
+PAYLOAD, INIT = "payload", "init"
+PAYLOAD_ONLY = ("cpu",)  # controllers whose limits bind the payload alone
+
 # limit name -> (Limits field, controller that enforces it)
 ENFORCED_BY = {
     "memory": ("memory_bytes", "memory"),
@@ -103,6 +112,24 @@ class Plan(NamedTuple):
     def unique_dirs(self, run_id: str) -> list[str]:
         """Each cgroup directory once: co-mounted v1 controllers and v2 share one."""
         return list(dict.fromkeys(self.dirs(run_id).values()))
+
+    def payload_dirs(self, run_id: str) -> list[str]:
+        """The run's PAYLOAD cgroups (see PAYLOAD_ONLY): none without a CPU cap."""
+        dirs = self.dirs(run_id)
+        return list(dict.fromkeys(os.path.join(dirs[c], PAYLOAD) for c in PAYLOAD_ONLY
+                                  if c in dirs))
+
+    def init_dir(self, run_id: str) -> str | None:
+        """cgroup v2 with a PAYLOAD cgroup: where bwrap and corral's init go (INIT)."""
+        if self.version != 2 or not self.payload_dirs(run_id):
+            return None
+        return os.path.join(self.unique_dirs(run_id)[0], INIT)
+
+    def setting_path(self, run_id: str, controller: str, name: str) -> str:
+        """Where a limit file of ``controller`` is written: PAYLOAD for PAYLOAD_ONLY."""
+        here = self.dirs(run_id)[controller]
+        return os.path.join(here, PAYLOAD, name) if controller in PAYLOAD_ONLY else \
+            os.path.join(here, name)
 
 
 class Usage(NamedTuple):
@@ -200,9 +227,11 @@ def describe(plan: Plan, run_id: str = "RUN-ID") -> list[str]:
     """The cgroup part of ``--dry-run``: where the run would go and what is written there."""
     if not plan.bases:
         return ["# cgroup: none (no cgroup-backed limit requested, none usable for metering)"]
-    dirs = plan.dirs(run_id)
     lines = [f"# cgroup v{plan.version}: {d}" for d in plan.unique_dirs(run_id)]
-    lines += [f"#   {os.path.join(dirs[c], name)} <- {value}" for c, name, value in plan.settings]
+    lines += [f"# cgroup v{plan.version}, the payload alone: {d}"
+              for d in plan.payload_dirs(run_id)]
+    lines += [f"#   {plan.setting_path(run_id, c, name)} <- {value}"
+              for c, name, value in plan.settings]
     lines += [f"# not enforced (--allow unenforced-limits): {name}" for name in plan.unenforced]
     return lines
 
