@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+from corral import cgroups
 from corral.errors import HostError, UsageError
 from corral.limits import (
     OVERHEAD_PIDS,
@@ -257,3 +258,27 @@ def test_doctor_rows_name_the_disk_bound_and_why_not_a_file_system() -> None:
     watched = dict((n, how) for n, _, how in doctor_rows(V1, Limits(), "no loop devices", False))
     assert watched["disk-limit"].startswith("measured, not capped (no loop devices)")
     assert watched["ptys"].startswith("no pseudo-terminals")
+
+
+def test_the_cpu_cap_binds_a_payload_cgroup_and_corrals_own_stay_out() -> None:
+    """--cpus: the quota is written to the run's cpu cgroup's child 'payload', which the
+    init moves the payload into; v2 puts bwrap and the init in a sibling 'init' (a cgroup
+    with children holds no processes there).  Without --cpus: no child at all."""
+    v1 = plan(Limits(memory_bytes=1 << 30, cpus=0.5), V1, False)
+    assert v1.payload_dirs("r") == ["/cg/cpu/corral/uid-0/r/payload"]
+    assert v1.init_dir("r") is None  # v1: the init stays in the run's cgroup itself
+    assert v1.setting_path("r", "cpu", "cpu.cfs_quota_us") == \
+        "/cg/cpu/corral/uid-0/r/payload/cpu.cfs_quota_us"
+    assert v1.setting_path("r", "memory", "memory.limit_in_bytes") == \
+        "/cg/memory/corral/uid-0/r/memory.limit_in_bytes"
+    v2 = plan(Limits(memory_bytes=1 << 30, cpus=0.5), V2, False)
+    assert (v2.payload_dirs("r"), v2.init_dir("r")) == (["/cg2/corral/r/payload"],
+                                                         "/cg2/corral/r/init")
+    assert v2.setting_path("r", "cpu", "cpu.max") == "/cg2/corral/r/payload/cpu.max"
+    run = cgroups.RunCgroup(v2, "r")
+    assert (run.join_files(), run.payload_files()) == (
+        ["/cg2/corral/r/init/cgroup.procs"], ["/cg2/corral/r/payload/cgroup.procs"])
+    for access in (V1, V2):  # control: no CPU cap, no child
+        plain = plan(Limits(memory_bytes=1 << 30), access, False)
+        assert plain.payload_dirs("r") == [] and plain.init_dir("r") is None
+        assert cgroups.RunCgroup(plain, "r").payload_files() == []
