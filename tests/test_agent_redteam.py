@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -423,6 +424,50 @@ def test_an_audit_that_meets_its_cap_stays_owed(who: Identity, lab: Lab) -> None
     assert nxt.returncode == 0 and not hook.exists(), nxt
     assert not list((who.tmp / "runs" / ".pending").glob("*.json")), nxt.stderr
     subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+
+
+NEXT_RUNNER = """
+import sys
+from corral import cgroups
+from corral.cli import main
+if sys.argv[1] == "left-alone":  # the control: what still runs of the killed run runs on
+    cgroups.end_leftover = lambda facts, run_id: False
+main(["agent", "--", "/bin/sh", "-c", "echo NEXT"])
+"""
+
+
+def test_what_still_runs_of_a_killed_run_ends_before_its_audit(who: Identity, lab: Lab
+                                                               ) -> None:
+    """A run whose corral was SIGKILLed is audited by the next launch; if anything of it
+    still ran then (review 3 kept a sandbox alive that way), it planted again after the
+    audit.  The next launch now kills what is left in the run's cgroups first.  Here a
+    process that plants the hook every 0.1 s stands for what is left.  Control: left
+    alone, it plants the hook again after the audit."""
+    hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
+    for mode in ("ended", "left-alone"):
+        _killed_run(who, lab)
+        [owed] = (who.tmp / "runs" / ".pending").glob("*.json")
+        run_id = owed.name[:-len(".json")]
+        replant = (f"import os, time\nwhile True:\n    os.makedirs('{hook.parent}', "
+                   f"exist_ok=True)\n    open('{hook}', 'w').write('#!/bin/sh\\n')\n"
+                   "    time.sleep(0.1)\n")
+        left = subprocess.Popen([*who.prefix(), "-c", replant], env=who.environ())
+        try:
+            Path(f"/sys/fs/cgroup/pids/corral/uid-{who.uid}/{run_id}/cgroup.procs"
+                 ).write_text(str(left.pid))
+            r = subprocess.run([*who.prefix(), "-c", NEXT_RUNNER, mode], cwd=lab.project,
+                               env=who.environ(), capture_output=True, text=True,
+                               timeout=300, check=False)
+            assert r.returncode == 0 and "NEXT" in r.stdout, r
+            time.sleep(1)
+            if mode == "ended":
+                assert left.poll() is not None and not hook.exists(), r.stderr
+            else:
+                assert left.poll() is None and hook.exists(), r.stderr
+        finally:
+            left.kill()
+            left.wait()
+        subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
 
 
 # --- git's global settings, wherever the user keeps them ---------------------------------

@@ -47,7 +47,7 @@ from .limits import (
     v2_delegated_base,
 )
 
-__all__ = ["RunCgroup", "delegate", "probe", "sweep_stale"]
+__all__ = ["RunCgroup", "delegate", "end_leftover", "probe", "sweep_stale"]
 
 KILL_WAIT_S = 10.0  # how long teardown keeps killing before it reports failure
 REMOVE_WAIT_S = 5.0  # how long rmdir is retried while the kernel says EBUSY (DESIGN fact 15)
@@ -268,10 +268,10 @@ class RunCgroup:
     # -- while it runs, and after -------------------------------------------------
 
     def pids(self) -> list[int]:
-        """Processes in the run's cgroup now (on v2, its children hold them)."""
-        dirs = [self.init_dir, *self.payload] if self.init_dir is not None else self.unique[:1]
+        """Processes in any of the run's cgroups now (on v2, its children hold them)."""
+        dirs = [self.init_dir, *self.payload] if self.init_dir is not None else self.unique
         text = " ".join(_read(os.path.join(d, "cgroup.procs")) or "" for d in dirs)
-        return [int(p) for p in text.split() if p.isdigit()]
+        return list(dict.fromkeys(int(p) for p in text.split() if p.isdigit()))
 
     def cpu_s(self) -> float | None:
         if "cpuacct" not in self.dirs:
@@ -356,6 +356,23 @@ class RunCgroup:
         return {"version": self.version, "cgroups": self.unique, "removed": self.removed,
                 "settings": {name: value for _, name, value in self.plan.settings},
                 **({"payload_cgroups": self.payload} if self.payload else {})}
+
+
+def end_leftover(facts: HostFacts, run_id: str) -> bool:
+    """Kill whatever still runs in the cgroups of run ``run_id``, whose launcher is gone
+    (its audit is about to be redone: nothing of the run may act after it); whether any
+    of its cgroups was there.  The cap is lifted first, as :meth:`RunCgroup.kill` does."""
+    access = probe(facts)
+    plan = Plan(access.version, access.bases, ())
+    run = RunCgroup(plan, run_id)
+    if not any(os.path.isdir(d) for d in run.unique):
+        return False
+    run.payload = [d for d in (os.path.join(run.dirs[c], PAYLOAD) for c in PAYLOAD_ONLY
+                               if c in run.dirs) if os.path.isdir(d)]
+    if access.version == 2 and os.path.isdir(os.path.join(run.unique[0], INIT)):
+        run.init_dir = os.path.join(run.unique[0], INIT)
+    run.kill()
+    return True
 
 
 def sweep_stale(base: str, now: float | None = None) -> list[str]:

@@ -122,6 +122,11 @@ def recover(runs_dir: str) -> list[Action]:
                                       f"owed, and cannot be done yet: {why}"))
             continue
         root = entry.get("root") or os.path.join(os.path.dirname(folder), name[:-len(".json")])
+        # Whatever of the run still lives (a sandbox its init could not end) ends first:
+        # nothing of it may plant anything after its audit.
+        from . import cgroups, host
+
+        cgroups.end_leftover(host.detect(), name[:-len(".json")])
         done = Auditor(census, _maker(str(root))).run()
         actions += [Action(a.path, a.did, f"{a.why} (left by an earlier run whose audit was "
                                           "not done: its corral was killed, or the audit did "
