@@ -220,6 +220,8 @@ else:
         index = {n: i for i, n in enumerate(names)}
 
         def __new__(cls: type, *args: Any, **kwargs: Any) -> Any:
+            if not kwargs and first_default <= len(args) <= len(names):  # the usual call
+                return tuple.__new__(cls, args + defaults[len(args) - first_default:])
             if len(args) > len(names):
                 raise TypeError(f"{name}() takes {len(names)} positional arguments but "
                                 f"{len(args)} were given")
