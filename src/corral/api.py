@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 
 from . import audit, cinit, egress, enforce, fsops, guard, host, pending, resolve, workspace
 from .bwrap import Sandbox
-from .diskimage import Image
 from .enforce import Limited
 from .errors import CorralError, Interrupted, UsageError
 from .launch import CORRAL_FAILED
@@ -26,6 +25,7 @@ if TYPE_CHECKING:  # and imported where used: `corral run` pays for neither (ben
     from typing import Any, overload
 
     from . import agent
+    from .diskimage import Image
     from .request import RunRequest
     from .result import RunResult
 else:

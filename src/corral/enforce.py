@@ -15,10 +15,9 @@ from __future__ import annotations
 import os
 import subprocess
 
-from . import cgroups, diskimage, limits
+from . import cgroups, limits
 from .bwrap import PathHandle, Sandbox
 from .cgroups import RunCgroup
-from .diskimage import Image
 from .diskuse import descendants
 from .host import HostFacts
 from .launch import Launch, Outcome
@@ -31,6 +30,8 @@ from .watch import Watch
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
     from typing import Any
+
+    from .diskimage import Image
 
 __all__ = ["Limited", "check", "image_unavailable", "launch_limited", "make_image",
            "release_image"]
@@ -62,13 +63,19 @@ def image_unavailable(policy: Policy, facts: HostFacts, fresh: bool) -> str | No
         return "no disk limit"
     if not fresh:
         return "a reused workspace (--workspace) is measured, not capped"
+    if not facts.is_root:  # what diskimage.unavailable says first, without its import
+        return "only root may mount a file system image"
+    from . import diskimage
+
     return diskimage.unavailable(facts.is_root)
 
 
 def make_image(run_root: str, capacity: int, owner: tuple[int, int]) -> tuple[Image | None, str]:
     """A fresh workspace's file system, free space ``capacity`` at least, or (None, why)."""
-    image = Image(os.path.join(run_root, "work.img"), capacity, owner,
-                  diskimage.templates_dir())
+    from . import diskimage
+
+    image = diskimage.Image(os.path.join(run_root, "work.img"), capacity, owner,
+                            diskimage.templates_dir())
     try:
         image.create()
     except (OSError, subprocess.SubprocessError) as e:
