@@ -7,6 +7,7 @@ sandbox succeeds, and the host's own git (or shell) then obeys what was planted.
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -467,6 +468,68 @@ def test_what_still_runs_of_a_killed_run_ends_before_its_audit(who: Identity, la
         finally:
             left.kill()
             left.wait()
+        subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+
+
+def test_an_owed_audit_is_never_read_from_a_runs_directory_the_sandbox_can_write(
+        who: Identity, lab: Lab) -> None:
+    """corral wrote no owed census in a runs directory inside the project, but read one
+    there: the agent could forge one naming another of the user's repositories and a
+    quarantine of its choosing (review 3 had the user's next launch move a private file
+    into the project), or a live run's id (which the next launch then killed).  Now
+    nothing is read from there.  Control: the same census in a runs directory outside the
+    project is audited by the next launch."""
+    hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
+    _killed_run(who, lab)
+    [owed] = (who.tmp / "runs" / ".pending").glob("*.json")
+    inside = lab.project / "runs" / ".pending"
+    inside.mkdir(parents=True)
+    (inside / owed.name).write_bytes(owed.read_bytes())
+    owed.unlink()
+    for p in (inside.parent, inside, inside / owed.name):  # as the launcher's own would be
+        os.chown(p, who.uid, who.gid)
+    r = agent(who, lab, "echo NEXT", env={"CORRAL_RUNS_DIR": str(lab.project / "runs")})
+    assert r.returncode == 0 and hook.exists(), r  # not read from there
+    outside = who.tmp / "runs-outside" / ".pending"
+    outside.mkdir(parents=True)
+    (inside / owed.name).rename(outside / owed.name)
+    for p in (outside.parent, outside):
+        os.chown(p, who.uid, who.gid)
+    r = agent(who, lab, "echo NEXT", env={"CORRAL_RUNS_DIR": str(outside.parent)})
+    assert r.returncode == 0 and not hook.exists() and "audit was not done" in r.stderr, r
+    subprocess.run(["rm", "-rf", str(lab.project / "planted"), str(lab.project / "runs")],
+                   check=True)
+
+
+LONG_NAME_RUNNER = """
+import sys
+from corral import audit
+from corral.cli import main
+if sys.argv[1] == "uncut":  # the control: the quarantine takes the name as it is
+    audit._short = lambda name: name
+main(["agent", "--", "/bin/sh", "-c", sys.argv[2]])
+"""
+
+
+def test_a_plant_with_a_name_as_long_as_a_file_name_is_still_quarantined(
+        who: Identity, lab: Lab) -> None:
+    """A hook named with 253 bytes: the quarantine's NNNN- prefix made its new name too
+    long for a file name, every move failed, and the audit stayed owed for ever (found by
+    review).  Now the quarantine cuts the name.  Control: uncut, the move fails."""
+    name = "h" * 253
+    hook = lab.project / "planted" / ".git" / "hooks" / name
+    plant = (f"git init -q planted && printf '#!/bin/sh\\n' > planted/.git/hooks/{name} && "
+             f"chmod 755 planted/.git/hooks/{name} && echo PLANTED")
+    for mode in ("cut", "uncut"):
+        r = subprocess.run([*who.prefix(), "-c", LONG_NAME_RUNNER, mode, plant],
+                           cwd=lab.project, env=who.environ(), capture_output=True,
+                           text=True, timeout=300, check=False)
+        assert "PLANTED" in r.stdout, r
+        assert hook.exists() == (mode == "uncut"), r.stderr
+        if mode == "uncut":
+            assert "File name too long" in r.stderr, r.stderr
+        for left in (who.tmp / "runs" / ".pending").glob("*.json"):
+            left.unlink()
         subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
 
 

@@ -88,3 +88,15 @@ def test_only_a_template_corral_made_is_used(root: Identity, how: str) -> None:
     if how == "folder a symlink":
         folder.unlink()
         shutil.rmtree(root.tmp / "elsewhere")
+
+
+def test_templates_of_many_sizes_do_not_pile_up(root: Identity) -> None:
+    """One template per size (the disk limit plus the inputs): a stream of runs of other
+    sizes (corral serve's requests) left one each, without bound (found by review).  The
+    cache keeps eight, the oldest going first."""
+    runs = root.tmp / "runs"
+    for mib in range(20, 31):  # eleven sizes
+        r = root.corral_json("--runs-dir", str(runs), "--disk", f"{mib}M", "--", "/bin/true",
+                             env={"CORRAL_CACHE_DIR": str(root.tmp / "cache")})
+        assert r["status"] == "exited", r
+    assert len(_templates(runs)) == 8

@@ -190,3 +190,53 @@ def test_a_swapped_component_never_turns_creation_outside(who: Identity) -> None
         print(json.dumps({{"landed": landed, "tries": tries}}))
     """)
     assert r["landed"] == {"fsops": False, "by_path": True}, r
+
+
+def _deep(top: Path, depth: int) -> Path:
+    """A chain of ``depth`` one-letter folders beneath ``top``, a file at the bottom."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(depth):  # by descriptor: the path soon outgrows what one call takes
+        os.mkdir("d", dir_fd=fd)
+        fd, old = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd), fd
+        os.close(old)
+    os.close(os.open("f", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+    os.close(fd)
+    return top / "d"
+
+
+def _recursive_count(fd: int) -> int:  # the old removal's shape, for the control
+    total = 0
+    for name in os.listdir(fd):
+        if name == "d":
+            sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            try:
+                total += 1 + _recursive_count(sub)
+            finally:
+                os.close(sub)
+    return total
+
+
+def test_a_tree_as_deep_as_the_payload_likes_is_removed_and_moved(tmp_path: Path) -> None:
+    """A folder 1,200 levels deep made the recursive removal (and the copy of a move
+    across file systems) raise RecursionError: the live watch's thread died and the audit
+    crashed (found by review).  Both are iterative now.  Control: a recursive walk of the
+    same tree fails so."""
+    from corral import fswalk
+
+    deep = _deep(tmp_path, 1200)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(RecursionError):
+            _recursive_count(fd)
+    finally:
+        os.close(fd)
+    other = Path("/dev/shm") / f"corral-deep-{os.getpid()}"  # another file system: a copy
+    other.mkdir()
+    try:
+        with fsops.Tree(str(tmp_path)) as tree, fsops.Tree(str(other)) as dest:
+            fswalk.move(tree, "d", dest, "moved")
+            assert not deep.exists() and (other / "moved").is_dir()
+            fswalk.remove(dest, "moved")
+            assert not (other / "moved").exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(other)], check=True)

@@ -45,3 +45,28 @@ def test_two_version_strings_or_a_fifo_are_not_read(tmp_path: Path) -> None:
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     assert host._version_in_binary(str(fifo)) is None  # at once: no writer is waited for
+
+
+def test_a_program_corral_runs_is_what_it_checked(tmp_path: Path) -> None:
+    """host.system_program checked the file a PATH entry's link resolved to, and returned
+    the link: a sandbox that could write that folder pointed the link at its own program
+    between the check and the exec (found by review).  Now the checked file is returned.
+    Control: a link to a program of a folder anyone can write is refused."""
+    import pytest
+
+    mp = pytest.MonkeyPatch()
+    try:
+        git = shutil.which("git")
+        assert git is not None
+        (tmp_path / "git").symlink_to(os.path.realpath(git))
+        mp.setenv("PATH", str(tmp_path))
+        assert host.system_program("git") == os.path.realpath(git)
+        mine = tmp_path / "mine"
+        mine.mkdir()
+        mine.chmod(0o777)
+        (mine / "tool").write_text("#!/bin/sh\n")
+        (mine / "tool").chmod(0o755)
+        (tmp_path / "tool").symlink_to(mine / "tool")
+        assert host.system_program("tool") is None
+    finally:
+        mp.undo()

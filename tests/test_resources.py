@@ -79,10 +79,15 @@ def test_limits_are_in_place_before_the_command_runs(who: Identity) -> None:
         assert limit + tcp == 100 * MiB and memsw == limit and tcp == 25 * MiB
         assert (pids / "pids.max").read_text().strip() == "23"  # 20 + corral's own 3
         cpu = _cgroup(who, "cpu", run_id)
-        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        # The CPU cap binds the payload alone (its child cgroup), never corral's own.
+        assert (cpu / "payload" / "cpu.cfs_quota_us").read_text().strip() == "50000"
+        assert (cpu / "cpu.cfs_quota_us").read_text().strip() == "-1"
         members = (memory / "cgroup.procs").read_text().split()
         commands = [Path(f"/proc/{p}/comm").read_text().strip() for p in members]
         assert "sleep" in commands and "bwrap" in commands
+        capped = [Path(f"/proc/{p}/comm").read_text().strip()
+                  for p in (cpu / "payload" / "cgroup.procs").read_text().split()]
+        assert "sleep" in capped and "bwrap" not in capped, capped
         # Inside, the payload sees only its own cgroup root and cannot reach the files.
         assert "memory:/\n" in (ws / "inside").read_text()
         assert "No such file" in (ws / "sys").read_text()

@@ -330,7 +330,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     resolve.probe_ptys(policy, facts, init)  # answered by the time resolve_agent asks
     runs = runs_dir or workspace.default_runs_dir()
     # What runs whose corral was SIGKILLed left unaudited, before this scan takes it in.
-    actions: list[audit.Action] = pending.recover(runs)
+    actions: list[audit.Action] = pending.recover(runs, (project, *policy.writable))
     # The CLI's proxy process, forked now: it imports the proxy while the run is prepared
     # (no name allowed: not even egress.session is imported).
     early = egress.prefork(policy.network, cpu_share=policy.limits.cpus) \

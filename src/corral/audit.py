@@ -51,6 +51,7 @@ from .record import NamedTuple, Record, field
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
     from .gitredirect import Budget
+    from .livewatch import LiveWatch
 
 __all__ = ["INERT", "Action", "Auditor", "Census", "census_of_findings", "census_of_tree"]
 
@@ -136,19 +137,30 @@ def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
     audit short).  ``actions`` receives what the watch and the audit did; ``done`` is
     called once the audit has run to its end and did all it had to (not when it raised,
     met its cap, or failed to move something)."""
-    from .livewatch import LiveWatch  # it reports with Action, defined here
+    watched = census.watched()
+    if watched:  # (a fresh workspace has no git directory: no watch, not even its import)
+        from .livewatch import LiveWatch  # it reports with Action, defined here
 
-    watch = LiveWatch(census.watched())
+        watch: LiveWatch | contextlib.nullcontext[None] = LiveWatch(watched)
+    else:
+        watch = contextlib.nullcontext()
     try:
         with watch:
             yield
     finally:
         with signals_held():
-            actions += watch.actions
+            actions += getattr(watch, "actions", [])
             audited = Auditor(census, quarantine).run()
             actions += audited
             if not any(a.did == "failed" for a in audited):  # else still owed (pending)
                 done()
+
+
+def _short(name: str) -> str:
+    """``name`` cut to 200 bytes: the quarantine's own prefix must still fit a file name
+    (a hook named with 253 bytes made every move fail, and the audit stayed owed for ever;
+    found by review)."""
+    return os.fsdecode(os.fsencode(name)[:200])
 
 
 def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
@@ -428,10 +440,11 @@ class Auditor:
         try:
             if self.qtree is None:
                 self.qtree = fsops.Tree(self.make_quarantine())
-            dest = f"{len(self.actions):04d}-{os.path.basename(rel)}"
+            dest = f"{len(self.actions):04d}-{_short(os.path.basename(rel))}"
             move(tree, rel, self.qtree, dest)
-        except OSError as e:
-            self.actions.append(Action(path, "failed", f"{why} ({e.strerror})"))
+        except Exception as e:  # one plant that cannot be moved must not end the audit
+            what = e.strerror if isinstance(e, OSError) else type(e).__name__
+            self.actions.append(Action(path, "failed", f"{why} ({what})"))
             return
         self.actions.append(Action(path, "quarantined", why, self.qtree.path(dest)))
         saved = (back, 0o644) if back is not None else self.census.backups.get(path)

@@ -481,6 +481,9 @@ def _undelegate(base: str) -> None:
     with contextlib.suppress(OSError):  # run cgroups a crashed run left behind, if empty
         for entry in os.scandir(base):
             if entry.is_dir(follow_symlinks=False):
+                for child in (PAYLOAD, INIT):  # (a --cpus run's: see limits.PAYLOAD)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rmdir(os.path.join(entry.path, child))
                 os.rmdir(entry.path)
     try:
         os.rmdir(base)

@@ -53,6 +53,10 @@ CACHE_DIR = "/var/cache/corral"
 
 MKE2FS_TIMEOUT_S = 60.0
 TEMPLATE_SLACK = 1 << 20  # data a template may report beyond its blocks (tails, rounding)
+# Templates kept: one is made per size (the disk limit plus the inputs), so a stream of
+# runs of other sizes (corral serve's requests) must not fill the disk with them (found
+# by review).  A new one evicts the oldest.
+TEMPLATES_KEPT = 8
 
 
 def _mke2fs() -> str | None:
@@ -137,7 +141,21 @@ def _make_template(dirfd: int, name: str, size: int, owner: tuple[int, int]) -> 
     except BaseException:
         os.close(fd)
         raise
+    _evict(dirfd, keep=name)
     return fd
+
+
+def _evict(dirfd: int, keep: str) -> None:
+    """The oldest templates beyond TEMPLATES_KEPT go (``keep``, just made, stays)."""
+    found = []
+    for entry in os.listdir(dirfd):
+        if entry.startswith("ext4-") and entry.endswith(".img") and entry != keep:
+            with contextlib.suppress(OSError):
+                st = os.stat(entry, dir_fd=dirfd, follow_symlinks=False)
+                found.append((st.st_mtime_ns, entry))
+    for _, entry in sorted(found)[:max(0, len(found) + 1 - TEMPLATES_KEPT)]:
+        with contextlib.suppress(OSError):
+            os.unlink(entry, dir_fd=dirfd)
 
 
 def _copy_template(folder: str, size: int, owner: tuple[int, int], dest: int) -> bool:

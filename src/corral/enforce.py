@@ -18,7 +18,6 @@ import subprocess
 from . import cgroups, limits
 from .bwrap import PathHandle, Sandbox
 from .cgroups import RunCgroup
-from .diskuse import descendants
 from .host import HostFacts
 from .launch import Launch, Outcome
 from .limits import Plan, Usage
@@ -119,6 +118,8 @@ def launch_limited(sb: Sandbox, policy: Policy, facts: HostFacts, plan: Plan, ru
     run: Launch | None = None
 
     def processes() -> list[int]:  # without a cgroup: everything below bwrap
+        from .diskuse import descendants
+
         return descendants(run.proc.pid) if run is not None and run.proc is not None else []
 
     watch = Watch(workspace=workspace, disk_bytes=lim.disk_bytes, cpu_s=lim.cpu_s,

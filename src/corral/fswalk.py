@@ -104,20 +104,28 @@ def _unlocked(tree: Tree, op: Callable[[], T], *folders: str) -> T:
 def remove(tree: Tree, rel: str, budget: list[int] | None = None) -> None:
     """Remove ``rel`` and, if a directory, all beneath it (links themselves only), the
     owner's rights given back to a folder the payload locked on the way.  ``budget`` (one
-    number, shared) caps the entries removed: ``E2BIG`` past it."""
+    number, shared) caps the entries removed: ``E2BIG`` past it.  Iterative: a tree as deep
+    as the payload likes costs no recursion (a folder 1,200 levels deep stopped the old
+    recursive removal, and with it the live watch; found by review)."""
     budget = budget if budget is not None else [1 << 20]
-    st = tree.lstat(rel)
-    if st is None:
-        return
-    budget[0] -= 1
-    if budget[0] < 0:
-        raise OSError(errno.E2BIG, "too many entries to remove", tree.path(rel))
-    if not stat.S_ISDIR(st.st_mode):
-        _unlocked(tree, lambda: tree.unlink(rel), _parent(rel))
-        return
-    for e in _unlocked(tree, lambda: tree.scandir(rel), rel):
-        remove(tree, join(rel, e.name), budget)
-    _unlocked(tree, lambda: tree.rmdir(rel), _parent(rel))
+    stack: list[tuple[str, bool]] = [(rel, False)]  # (path, its entries already stacked)
+    while stack:
+        here, emptied = stack.pop()
+        if emptied:
+            _unlocked(tree, lambda h=here: tree.rmdir(h), _parent(here))  # type: ignore[misc]
+            continue
+        st = tree.lstat(here)
+        if st is None:
+            continue
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise OSError(errno.E2BIG, "too many entries to remove", tree.path(rel))
+        if not stat.S_ISDIR(st.st_mode):
+            _unlocked(tree, lambda h=here: tree.unlink(h), _parent(here))  # type: ignore[misc]
+            continue
+        stack.append((here, True))
+        entries = _unlocked(tree, lambda h=here: tree.scandir(h), here)  # type: ignore[misc]
+        stack += [(join(here, e.name), False) for e in entries]
 
 
 def move(tree: Tree, rel: str, dest: Tree, dest_rel: str) -> None:
@@ -144,20 +152,24 @@ def move(tree: Tree, rel: str, dest: Tree, dest_rel: str) -> None:
 
 
 def _copy(tree: Tree, rel: str, dest: Tree, dest_rel: str, budget: list[int]) -> None:
-    st = tree.lstat(rel)
-    if st is None:
-        raise FileNotFoundError(errno.ENOENT, "gone", tree.path(rel))
-    budget[0] -= max(st.st_size, 1) if stat.S_ISREG(st.st_mode) else 1
-    if budget[0] < 0:
-        raise OSError(errno.EFBIG, "too large to copy", tree.path(rel))
-    if stat.S_ISLNK(st.st_mode):
-        dest.symlink(tree.readlink(rel), dest_rel)
-    elif stat.S_ISDIR(st.st_mode):
-        dest.mkdir(dest_rel, 0o700)
-        for e in tree.scandir(rel):
-            _copy(tree, join(rel, e.name), dest, join(dest_rel, e.name), budget)
-    elif stat.S_ISREG(st.st_mode):
-        data = tree.read(rel, st.st_size + max(budget[0], 0))
-        dest.write_new(dest_rel, data or b"", stat.S_IMODE(st.st_mode) & 0o755 | 0o600)
-    else:
-        raise OSError(errno.EXDEV, f"a {kind_of(st.st_mode)} cannot be copied", tree.path(rel))
+    """Copy ``rel`` to ``dest_rel``, iteratively (see :func:`remove`)."""
+    stack = [(rel, dest_rel)]
+    while stack:
+        here, there = stack.pop()
+        st = tree.lstat(here)
+        if st is None:
+            raise FileNotFoundError(errno.ENOENT, "gone", tree.path(here))
+        budget[0] -= max(st.st_size, 1) if stat.S_ISREG(st.st_mode) else 1
+        if budget[0] < 0:
+            raise OSError(errno.EFBIG, "too large to copy", tree.path(rel))
+        if stat.S_ISLNK(st.st_mode):
+            dest.symlink(tree.readlink(here), there)
+        elif stat.S_ISDIR(st.st_mode):
+            dest.mkdir(there, 0o700)
+            stack += [(join(here, e.name), join(there, e.name)) for e in tree.scandir(here)]
+        elif stat.S_ISREG(st.st_mode):
+            data = tree.read(here, st.st_size + max(budget[0], 0))
+            dest.write_new(there, data or b"", stat.S_IMODE(st.st_mode) & 0o755 | 0o600)
+        else:
+            raise OSError(errno.EXDEV, f"a {kind_of(st.st_mode)} cannot be copied",
+                          tree.path(here))

@@ -215,8 +215,11 @@ def system_program(name: str) -> str | None:
     ``node_modules/.bin`` on PATH) is never started (DESIGN, wave 2, root 1)."""
     for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
         candidate = os.path.join(folder, name) if os.path.isabs(folder) else ""
-        if candidate and _executable_file(candidate) and _system_owned(os.path.realpath(candidate)):
-            return candidate
+        real = os.path.realpath(candidate) if candidate else ""
+        if real and _executable_file(real) and _system_owned(real):
+            # What was checked is what runs: the name on PATH may be a link the sandbox can
+            # point elsewhere after the check (found by review).
+            return real
     return None
 
 

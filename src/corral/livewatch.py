@@ -130,9 +130,10 @@ class LiveWatch:
                 if tree.lstat(rel) is None:
                     return
                 remove(tree, rel)
-        except OSError as e:
+        except Exception as e:  # never the watch's end: it must go on for the next one
+            why = e.strerror if isinstance(e, OSError) else type(e).__name__
             self.actions.append(Action(target, "failed", f"appeared during the run and could "
-                                       f"not be removed at once ({e.strerror})"))
+                                       f"not be removed at once ({why})"))
             return
         self.actions.append(Action(target, "removed", "appeared during the run: git on the "
                                    "host would have obeyed it"))

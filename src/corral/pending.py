@@ -19,6 +19,7 @@ project gets no pending file at all (the agent could write one).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import stat
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from . import guard
 from .audit import Action, Auditor, Census
 from .errors import UsageError
+from .workspace import is_run_id
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
@@ -70,12 +72,18 @@ def _from_json(data: dict[str, Any]) -> Census:
                             for k, v in data.get("commands", {}).items()})
 
 
+def _inside(runs: str, writable: Sequence[str]) -> bool:
+    """Whether the runs directory is in a tree the sandbox can write: then a census there
+    could be the payload's, and none is written or read."""
+    return any(runs == w or runs.startswith(w.rstrip("/") + "/") for w in writable)
+
+
 def owe(runs_dir: str, run_id: str, census: Census, root: str | None,
         writable: Sequence[str]) -> str | None:
     """Write the census of the run about to start; its path, to :func:`settle` once
     audited (None: none written, as for a runs directory inside a writable tree)."""
     runs = os.path.realpath(runs_dir)
-    if any(runs == w or runs.startswith(w.rstrip("/") + "/") for w in writable):
+    if _inside(runs, writable):
         return None
     folder = os.path.join(runs, PENDING)
     os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -96,12 +104,19 @@ def settle(path: str | None) -> None:
             os.unlink(path)
 
 
-def recover(runs_dir: str) -> list[Action]:
+def recover(runs_dir: str, writable: Sequence[str]) -> list[Action]:
     """Audit every run of ``runs_dir`` whose launcher died before auditing it, or whose
-    audit failed to do all it had to; what still cannot be done stays owed."""
-    folder = os.path.join(os.path.realpath(runs_dir), PENDING)
+    audit failed to do all it had to; what still cannot be done stays owed.  Nothing is
+    read from a runs directory inside ``writable`` (the trees the coming sandbox can write,
+    where :func:`owe` writes nothing): a payload could have put a census there naming
+    another repository, or a live run's id (found by review)."""
+    runs = os.path.realpath(runs_dir)
+    folder = os.path.join(runs, PENDING)
+    if _inside(runs, [os.path.realpath(w) for w in writable]):
+        return []
     try:
-        names = sorted(n for n in os.listdir(folder) if n.endswith(".json"))
+        names = sorted(n for n in os.listdir(folder) if n.endswith(".json")
+                       and is_run_id(n[:-len(".json")]))
     except OSError:
         return []
     actions: list[Action] = []
@@ -119,9 +134,10 @@ def recover(runs_dir: str) -> list[Action]:
                 settle(path)
             else:  # owed still, and said at every launch until it can be done
                 actions.append(Action(path, "failed", "the audit of an earlier run is still "
-                                      f"owed, and cannot be done yet: {why}"))
+                                      f"owed, and cannot be done yet: {why}; once you have "
+                                      "looked at that tree yourself, delete this file"))
             continue
-        root = entry.get("root") or os.path.join(os.path.dirname(folder), name[:-len(".json")])
+        root = os.path.join(runs, name[:-len(".json")])  # the run's own, never the file's say
         # Whatever of the run still lives (a sandbox its init could not end) ends first:
         # nothing of it may plant anything after its audit.
         from . import cgroups, host
@@ -133,6 +149,10 @@ def recover(runs_dir: str) -> list[Action]:
                                           "not finish)", a.to) for a in done]
         if not any(a.did == "failed" for a in done):  # else the next launch tries again
             settle(path)
+        else:
+            actions.append(Action(path, "failed", "this audit is still owed: the next launch "
+                                  "tries again; once you have looked at what failed above, "
+                                  "delete this file to stop it"))
     return actions
 
 
@@ -173,10 +193,15 @@ def _maker(root: str) -> Any:
     made: list[str] = []
 
     def make() -> str:
-        if not made:
+        if not made:  # a fresh folder for each try: an earlier one may hold its moves
             os.makedirs(root, mode=0o700, exist_ok=True)
-            path = os.path.join(root, "quarantine-after-kill")
-            os.mkdir(path, 0o700)
+            for n in itertools.count(1):
+                path = os.path.join(root, "quarantine-after-kill" + (f"-{n}" if n > 1 else ""))
+                try:
+                    os.mkdir(path, 0o700)
+                    break
+                except FileExistsError:
+                    continue
             made.append(path)
         return made[0]
     return make

@@ -31,7 +31,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from .diskuse import Stopped, Unmeasurable, measure
 from .errors import UsageError, block_stopping
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
@@ -44,6 +43,10 @@ MIN_INTERVAL_S = 0.025
 MAX_INTERVAL_S = 5.0
 COST_FACTOR = 20  # next check after this many times the last measurement's duration
 CPU_INTERVAL_S = 0.1
+
+
+class _Never(Exception):
+    """What the disk thread catches where no walk can stop it (the image's statvfs)."""
 
 
 class Watch:
@@ -148,6 +151,8 @@ class Watch:
     def _baseline(self) -> int:
         if self.image is not None:
             return self.image.used()[0]
+        from .diskuse import Unmeasurable, measure  # the walk: a workspace without an image
+
         try:
             return measure(self.workspace, restore=self.restore).bytes
         except (Unmeasurable, OSError) as e:
@@ -160,11 +165,14 @@ class Watch:
         # The next check waits on the smaller of the last two costs: one slow walk (cold
         # caches, a busy neighbour) must not stretch the interval, and the overshoot with it.
         costs = (0.0, 0.0)
+        stopped: type[Exception] = _Never
+        if self.image is None:
+            from .diskuse import Stopped as stopped
         while not self.stopping.wait(self._interval(min(costs))):
             started = time.monotonic()
             try:
                 over = self._over_disk(final=False)
-            except Stopped:
+            except stopped:
                 return
             costs = (costs[1], time.monotonic() - started)
             if over:
@@ -182,6 +190,8 @@ class Watch:
         if self.image is not None:
             return self._image_over()
         assert self.disk_bytes is not None
+        from .diskuse import Unmeasurable, measure
+
         try:
             use = measure(self.workspace, pids=() if final else self.pids(),
                           stop_at=self.baseline + self.disk_bytes, restore=self.restore,

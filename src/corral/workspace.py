@@ -84,6 +84,14 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + os.urandom(4).hex()
 
 
+def is_run_id(name: str) -> bool:
+    """Whether ``name`` has :func:`new_run_id`'s form (YYYYmmddTHHMMSS-8 hex digits)."""
+    stamp, dash, tail = name.partition("-")
+    return (len(stamp) == 15 and stamp[8] == "T" and (stamp[:8] + stamp[9:]).isdecimal()
+            and stamp.isascii() and dash == "-" and len(tail) == 8
+            and all(c in "0123456789abcdef" for c in tail))
+
+
 def check_inputs(inputs: Sequence[str]) -> list[str]:
     """Absolute, existing input paths; raises before anything is created."""
     checked = []
