@@ -747,21 +747,33 @@ def test_a_payload_cannot_starve_its_init_of_cpu_under_its_cap(who: Identity, in
     if init == "c":
         from corral import cinit
         need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
-    spin = who.tmp / "spin"
-    Path(f"{spin}.c").write_text(SPIN)
-    subprocess.run(["gcc", "-O2", "-pthread", "-o", str(spin), f"{spin}.c"], check=True)
-    spin.chmod(0o755)
-    for mode in ("uncapped", "capped"):
-        marker = f"corral-starving-{os.urandom(4).hex()}"
-        runs = _killed_launcher(who, STARVING_RUNNER, mode, marker, init, str(spin))
-        if mode == "uncapped":
+    spin = _compiled(who, "spin", SPIN, "-pthread")
+    _outlives_its_launcher(who, STARVING_RUNNER, ("uncapped", "capped"), init, spin)
+
+
+def _compiled(who: Identity, name: str, source: str, *flags: str) -> str:
+    program = who.tmp / name
+    Path(f"{program}.c").write_text(source)
+    subprocess.run(["gcc", "-O2", *flags, "-o", str(program), f"{program}.c"], check=True)
+    program.chmod(0o755)
+    return str(program)
+
+
+def _outlives_its_launcher(who: Identity, runner: str, modes: tuple[str, str], init: str,
+                           *more: str) -> None:
+    """``runner`` SIGKILLs itself during its run: in the first mode (protected) the
+    sandbox ends with it; in the second (the control) it is still there 5 s later."""
+    for mode in modes:
+        marker = f"corral-outliving-{os.urandom(4).hex()}"
+        runs = _killed_launcher(who, runner, mode, marker, init, *more)
+        if mode == modes[0]:
             assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
         else:
             time.sleep(5)
             left = processes_with(marker)
             _uncap_and_kill(left)
             assert eventually(lambda m=marker: processes_with(m) == [], 60)
-            assert left, "the control's payload died with its launcher"
+            assert left, f"the control {mode}'s payload died with its launcher"
         _remove_cgroups(who, runs)
 
 
@@ -872,24 +884,8 @@ def test_a_connect_flood_cannot_keep_the_init_from_seeing_its_launcher_go(
     if init == "c":
         from corral import cinit
         need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
-    flood = who.tmp / "flood"
-    Path(f"{flood}.c").write_text(FLOOD)
-    subprocess.run(["gcc", "-O2", "-o", str(flood), f"{flood}.c"], check=True)
-    flood.chmod(0o755)
-    for mode in ("bounded", "unbounded"):
-        marker = f"corral-flooding-{os.urandom(4).hex()}"
-        runs = _killed_launcher(who, FLOODING_RUNNER, mode, marker, init, str(flood))
-        if mode == "bounded":
-            assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
-        else:
-            time.sleep(5)
-            left = processes_with(marker)
-            for pid in left:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            assert eventually(lambda m=marker: processes_with(m) == [], 60)
-            assert left, "the control's payload died with its launcher"
-        _remove_cgroups(who, runs)
+    flood = _compiled(who, "flood", FLOOD)
+    _outlives_its_launcher(who, FLOODING_RUNNER, ("bounded", "unbounded"), init, flood)
 
 
 def _state(pid: int) -> str:
