@@ -45,15 +45,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import write_section
+from seed import SEED, TRUE
 
 from corral import api, cgroups, cinit, host, launch
 from corral.policy import Limits, Policy
 from corral.profiles import load_profile
 
-SEED = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib",
-        "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
-        "--unshare-all", "--die-with-parent", "--new-session", "--"]
-TRUE = ["/bin/true"]
 PY1 = ["/usr/bin/python3", "-c", "print(1)"]
 Sample = tuple[float, float]  # wall s, CPU s
 
