@@ -533,6 +533,30 @@ def test_a_plant_with_a_name_as_long_as_a_file_name_is_still_quarantined(
         subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
 
 
+def test_an_owed_audit_without_corrals_own_mac_is_not_believed(who: Identity, lab: Lab
+                                                                ) -> None:
+    """A census is what the next launch audits (trees, names, times): one the payload
+    forged (review 4 wrote one naming ~/.ssh, which the recovery then moved where the
+    next sandbox read the key) must not be believed.  Censuses carry an HMAC with a key in
+    corral's own state folder, which no sandbox sees.  Here the killed run's census is
+    rewritten with a MAC of another key, as a payload without corral's key could: the
+    next launch ignores it.  Control: with corral's own MAC it is audited."""
+    hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
+    _killed_run(who, lab)
+    [owed] = (who.tmp / "runs" / ".pending").glob("*.json")
+    mac, census = owed.read_bytes().split(b"\n", 1)
+    assert len(mac) == 64, mac  # corral wrote it with its MAC
+    from corral import pending
+
+    owed.write_bytes(pending._mac(os.urandom(32), census).encode() + b"\n" + census)
+    r = agent(who, lab, "echo NEXT")
+    assert r.returncode == 0 and hook.exists(), r  # not believed: not audited
+    owed.write_bytes(mac + b"\n" + census)  # the control: corral's own
+    r = agent(who, lab, "echo NEXT")
+    assert r.returncode == 0 and not hook.exists() and "audit was not done" in r.stderr, r
+    subprocess.run(["rm", "-rf", str(lab.project / "planted")], check=True)
+
+
 # --- git's global settings, wherever the user keeps them ---------------------------------
 
 def _commit(who: Identity, cwd: Path, env: dict[str, str] | None = None

@@ -180,7 +180,17 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
 
         return run_request(cmd, runs_dir=runs_dir)
     argv: Sequence[str] = cmd  # type: ignore[assignment]  # what isinstance narrowed it to
-    policy = policy or Policy()
+    # A reused workspace is one run's at a time: another run's launch census would back up
+    # this one's plant, and its audit put it back after ours had quarantined it (review 4).
+    with workspace.held(workspace_dir):
+        return _run_command(argv, policy or Policy(), workspace_dir, inputs, capture, stdin,
+                            env, runs_dir, own_workspace)
+
+
+def _run_command(argv: Sequence[str], policy: Policy, workspace_dir: str | None,
+                 inputs: Sequence[str], capture: bool, stdin: bytes | None,
+                 env: Sequence[tuple[str, str]], runs_dir: str | None, own_workspace: bool
+                 ) -> Result:
     _check_env(env)  # bad variables: refused before anything is created
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
@@ -330,7 +340,10 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     resolve.probe_ptys(policy, facts, init)  # answered by the time resolve_agent asks
     runs = runs_dir or workspace.default_runs_dir()
     # What runs whose corral was SIGKILLed left unaudited, before this scan takes it in.
-    actions: list[audit.Action] = pending.recover(runs, (project, *policy.writable))
+    # Never from a runs directory a sandbox of this launch could write (found by review:
+    # a profile's ~/ path was compared unexpanded).
+    actions: list[audit.Action] = pending.recover(
+        runs, agent.writable_paths(policy, facts, project))
     # The CLI's proxy process, forked now: it imports the proxy while the run is prepared
     # (no name allowed: not even egress.session is imported).
     early = egress.prefork(policy.network, cpu_share=policy.limits.cpus) \
@@ -362,7 +375,8 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
             run_dir.root if run_dir else None, runs, layout.project)
         run_id = run_dir.run_id if run_dir else workspace.new_run_id()
         owed = pending.owe(runs, run_id, census, run_dir.root if run_dir else None,
-                           [e.path for e in layout.writable])
+                           [*(e.path for e in layout.writable),
+                            *(e.source for e in layout.writable if e.source)])
         try:
             # The census owed is settled once the audit has run to its end, however the
             # run ended; an audit cut short leaves it for the next launch to redo.

@@ -10,10 +10,14 @@ gone (its pid and start time no longer match a live process) and audits it first
 refuse a planted ``commondir``, and take the plants for the user's own files).
 
 What this does not do: audit before the user's own next ``git`` on the host; only
-corral's next launch.  A pending file is trusted as corral's own only when it lies in
-the launcher's runs directory, is a regular file of the launcher's uid, and every tree
-it names still passes :func:`guard.check_writable_root`; a runs directory inside the
-project gets no pending file at all (the agent could write one).
+corral's next launch.  A pending file is trusted as corral's own only when it is a
+regular file of the launcher's uid in a runs directory no sandbox of the launch can
+write, carries an HMAC made with the launcher's own key (:func:`_key`: in corral's
+state folder, which no sandbox sees), and every tree it names still passes
+:func:`guard.check_writable_root`; a runs directory inside a writable tree gets no
+pending file at all (the agent could write one).  Review 4 forged a census in a runs
+directory that a profile's ``~/`` path made writable, naming ``~/.ssh``: the recovery
+moved the key where the next sandbox read it.
 """
 
 from __future__ import annotations
@@ -38,6 +42,62 @@ __all__ = ["owe", "recover", "settle"]
 
 PENDING = ".pending"
 CAP = 8 << 20  # bytes of one pending census (mount bounds keep real ones far smaller)
+
+
+KEY_BYTES = 32
+
+
+def _key_path() -> str:
+    """The launcher's key: root's in /var/lib/corral, a user's in their XDG state folder
+    (whatever runs directory is chosen: a census anywhere is checked with it)."""
+    if os.geteuid() == 0:
+        return "/var/lib/corral/pending.key"
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(state, "corral", "pending.key")
+
+
+def _key(create: bool) -> bytes | None:
+    """The key (made once, mode 0600, the launcher's own), or None when there is none fit
+    to trust (then no census is written or believed)."""
+    path = _key_path()
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if not create:
+                return None
+            with contextlib.suppress(OSError):
+                os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
+                new = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, 0o600)
+                with os.fdopen(new, "wb") as f:
+                    f.write(os.urandom(KEY_BYTES))
+            continue
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            key = f.read(KEY_BYTES + 1)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and \
+                not st.st_mode & 0o077 and len(key) == KEY_BYTES:
+            return key
+        return None
+    return None
+
+
+def _mac(key: bytes, data: bytes) -> str:
+    """HMAC-SHA256 (RFC 2104), with the C sha256 that needs no OpenSSL (hashlib costs
+    ~3 ms of every agent launch)."""
+    try:
+        from _sha256 import sha256  # type: ignore[import-not-found]  # Python 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256  # type: ignore[import-not-found]  # 3.12 and later
+        except ImportError:
+            from hashlib import sha256
+    padded = key.ljust(64, b"\0")
+    inner = sha256(bytes(b ^ 0x36 for b in padded) + data).digest()
+    return str(sha256(bytes(b ^ 0x5C for b in padded) + inner).hexdigest())
 
 
 def _started(pid: int) -> str | None:
@@ -88,12 +148,16 @@ def owe(runs_dir: str, run_id: str, census: Census, root: str | None,
     folder = os.path.join(runs, PENDING)
     os.makedirs(folder, mode=0o700, exist_ok=True)
     path = os.path.join(folder, f"{run_id}.json")
+    key = _key(create=True)
+    if key is None:
+        return None
     entry = {"pid": os.getpid(), "started": _started(os.getpid()), "root": root,
              "census": _to_json(census)}
+    data = json.dumps(entry).encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(entry, f)
+    with os.fdopen(fd, "wb") as f:
+        f.write(_mac(key, data).encode() + b"\n" + data)  # the MAC's line, then the census
     return path
 
 
@@ -165,11 +229,20 @@ def _load(path: str) -> dict[str, Any] | None:
         st = os.fstat(f.fileno())
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > CAP:
             return None
-        try:
-            data = json.loads(f.read(CAP))
-        except ValueError:
-            return None
+        mac, _, raw = f.read(CAP).partition(b"\n")
+    key = _key(create=False)
+    if key is None or not _same(mac, _mac(key, raw).encode()):
+        return None  # not corral's own (or its key is gone): nothing in it is believed
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
     return data if isinstance(data, dict) else None
+
+
+def _same(a: bytes, b: bytes) -> bool:
+    """Equal, in time that does not depend on where they differ."""
+    return len(a) == len(b) and not sum(x ^ y for x, y in zip(a, b, strict=True))
 
 
 def _trusted(entry: dict[str, Any]) -> tuple[Census | None, str | None]:

@@ -13,6 +13,7 @@ opening, and caps how much it reads, hashes and lists.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import stat
@@ -120,6 +121,32 @@ def input_bytes(inputs: Sequence[str]) -> int:
             if stat.S_ISDIR(st.st_mode):
                 todo.extend(os.path.join(path, name) for name in os.listdir(path))
     return total
+
+
+@contextlib.contextmanager
+def held(workspace: str | None) -> Iterator[None]:
+    """The reused workspace ``workspace`` held for one run (an exclusive ``flock`` of the
+    directory, which a sandbox's own lock cannot take from us); another run there refuses
+    to start.  None: a fresh workspace, nothing to hold."""
+    if workspace is None:
+        yield
+        return
+    try:
+        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        yield  # what is wrong with it is said by the checks that follow
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise UsageError(f"workspace {workspace} is in use by another corral run",
+                             "one run at a time may use a workspace: each audits what the "
+                             "other left", "wait for that run to end, or use another "
+                             "workspace") from None
+        yield
+    finally:
+        os.close(fd)
 
 
 def prepare(runs_dir: str, workspace: str | None, inputs: Sequence[str],

@@ -52,7 +52,7 @@ from ..record import NamedTuple
 from . import state
 
 __all__ = ["Entry", "Layout", "agent_mounts", "agent_seal", "identity", "profile_for",
-           "resolve_agent"]
+           "resolve_agent", "writable_paths"]
 
 # Emptied for every agent: daemons' sockets live under /run; /tmp holds other programs'
 # sockets and files; homes hold credentials; removable and network mounts hold anything.
@@ -218,6 +218,18 @@ def _who(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, 
 
 def _expand(path: str, home: str) -> str:
     return os.path.join(home, path[2:]) if path.startswith("~/") else path
+
+
+def writable_paths(policy: Policy, host: HostFacts, project: str) -> list[str]:
+    """Every host path a sandbox of this launch could write, as :func:`resolve_agent` will
+    find them (the project, the profile's and ``--rw`` paths with ``~/`` expanded, corral's
+    copies of the agent's state and the folders they stand for), resolved; nothing is
+    checked or made.  For what must never be read from a place the sandbox can write
+    (corral.pending), before the launch's own scan."""
+    home = identity(os.path.realpath(project), host, policy)[3]
+    paths = [project, *(_expand(p, home).rstrip("/") for p in policy.writable)]
+    paths += [p for d in state.plan(policy, home, paths) for p in (d.dest, d.source)]
+    return [os.path.realpath(p) for p in paths]
 
 
 def _writable(policy: Policy, home: str, project: str) -> list[Entry]:
