@@ -342,8 +342,14 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     # What runs whose corral was SIGKILLed left unaudited, before this scan takes it in.
     # Never from a runs directory a sandbox of this launch could write (found by review:
     # a profile's ~/ path was compared unexpanded).
-    actions: list[audit.Action] = pending.recover(
-        runs, agent.writable_paths(policy, facts, project))
+    # Who the agent would be can be refused (root in a folder root owns): then nothing is
+    # recovered now, and resolve_agent refuses the launch in its own words, its checks in
+    # their own order (the owed audits stay owed, untouched).
+    try:
+        writable: list[str] | None = agent.writable_paths(policy, facts, project)
+    except CorralError:
+        writable = None
+    actions: list[audit.Action] = pending.recover(runs, writable) if writable is not None else []
     # The CLI's proxy process, forked now: it imports the proxy while the run is prepared
     # (no name allowed: not even egress.session is imported).
     early = egress.prefork(policy.network, cpu_share=policy.limits.cpus) \

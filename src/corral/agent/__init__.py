@@ -226,9 +226,6 @@ def writable_paths(policy: Policy, host: HostFacts, project: str) -> list[str]:
     copies of the agent's state and the folders they stand for), resolved; nothing is
     checked or made.  For what must never be read from a place the sandbox can write
     (corral.pending), before the launch's own scan."""
-    # The project's own refusal first, as resolve_agent gives it: '/' as root must say
-    # "refusing", not that root owns it.
-    guard.check_writable_root(project, "project", home=os.path.expanduser("~"))
     home = identity(os.path.realpath(project), host, policy)[3]
     paths = [project, *(_expand(p, home).rstrip("/") for p in policy.writable)]
     paths += [p for d in state.plan(policy, home, paths) for p in (d.dest, d.source)]
