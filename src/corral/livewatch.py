@@ -95,13 +95,20 @@ class LiveWatch:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGWINCH})
         while True:
             ready, _, _ = select.select([self.fd, self.stop_r], [], [])
-            if self.stop_r in ready:
+            stopping = self.stop_r in ready
+            # Stopping, what is queued still counts: the sandbox has ended, so every event
+            # of its writes is in the queue, and an exit that came quickly must not leave
+            # them to the audit (seen in CI: a commondir quarantined, not removed at once).
+            while self.fd in ready or stopping:
+                try:
+                    data = os.read(self.fd, 1 << 16)
+                except BlockingIOError:
+                    break
+                self._events(data)
+                if not stopping:
+                    break
+            if stopping:
                 return
-            try:
-                data = os.read(self.fd, 1 << 16)
-            except BlockingIOError:
-                continue
-            self._events(data)
 
     def _events(self, data: bytes) -> None:
         offset = 0
