@@ -1,19 +1,28 @@
-"""A reused workspace (``corral run --workspace W``) is one run's at a time.
+"""A tree one sandbox writes is written by no other sandbox while that run lives.
 
 Review 4: run B plants a git hook in W; run C starts in W while B lives, and its launch
 census backs the plant up; B's audit quarantines it; C's payload touches the hook, and
 C's audit "puts back the copy taken at launch", which is B's plant.  Host git then ran
-it.  Now a run holds W (flock) from its census to its audit, and another refuses.
+it.  Review 5 did the same with nested workspaces (W and W/sub), with an agent and a
+``--workspace`` run in its project, and, as a plain user, by making W unreadable so that
+the next run's lock could not be taken and it ran unheld.  Now a run holds its trees
+(flock: exclusive on each, shared on every folder above) from its census to its audit,
+another run on the same, a folder above or one below refuses, and one that cannot take
+the lock refuses too (corral.workspace.held).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from agent_lab import Lab
 from conftest import Identity
 
 pytestmark = pytest.mark.sandbox
@@ -46,3 +55,79 @@ def test_a_reused_workspace_takes_one_run_at_a_time(who: Identity) -> None:
 def _made(path: Path) -> Path:
     path.mkdir()
     return path
+
+
+@contextlib.contextmanager
+def _running(who: Identity, marker: Path, *args: str, cwd: Path | None = None
+             ) -> Iterator[subprocess.Popen[str]]:
+    """``corral ARGS`` started as ``who``, once it has made ``marker``; killed at the end."""
+    proc = subprocess.Popen([*who.prefix(), "-m", "corral", *args], env=who.environ(),
+                            cwd=cwd or who.tmp, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        yield proc
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def _eventually(who: Identity, *args: str, cwd: Path | None = None) -> None:
+    """The control: once the holding run is over, the same command runs."""
+    deadline = time.monotonic() + 60
+    while (after := who.corral(*args, cwd=cwd)).returncode:
+        assert time.monotonic() < deadline, after  # the killed launcher's sandbox ending
+        time.sleep(0.5)
+
+
+def test_nested_workspaces_take_one_run_at_a_time(who: Identity) -> None:
+    top = who.chown(_made(who.tmp / "top"))
+    sub = who.chown(_made(top / "sub"))
+    other = who.chown(_made(who.tmp / "other"))
+    hold = ("--", "/bin/sh", "-c", ": > /work/started; sleep 30")
+    for held, refused in ((top, sub), (sub, top)):
+        with _running(who, held / "started", "run", "--workspace", str(held), *hold):
+            r = who.corral("run", "--workspace", str(refused), "--", "/bin/true")
+            assert r.returncode == 125 and "in use by another corral run" in r.stderr, r
+            # A folder beside it is no one's: it runs meanwhile.
+            beside = who.corral("run", "--workspace", str(other), "--", "/bin/true")
+            assert beside.returncode == 0, beside
+        (held / "started").unlink()
+        _eventually(who, "run", "--workspace", str(refused), "--", "/bin/true")
+
+
+def test_an_agent_and_a_run_never_share_a_project(who: Identity, lab: Lab) -> None:
+    as_owner = ["--user", f"{lab.uid}:{lab.gid}"] if os.geteuid() == 0 else []
+    run = ["run", *as_owner, "--workspace", str(lab.project), "--"]
+    with _running(who, lab.project / "started", "agent", "--", "/bin/sh", "-c",
+                  ": > started; sleep 30", cwd=lab.project):
+        r = who.corral(*run, "/bin/true")
+        assert r.returncode == 125 and "in use by another corral run" in r.stderr, r
+    (lab.project / "started").unlink()
+    _eventually(who, *run, "/bin/true")
+    with _running(who, lab.project / "started", *run, "/bin/sh", "-c",
+                  ": > /work/started; sleep 30"):
+        r = who.corral("agent", "--", "/bin/true", cwd=lab.project)
+        assert r.returncode == 125 and "in use by another corral run" in r.stderr, r
+    (lab.project / "started").unlink()
+    _eventually(who, "agent", "--", "/bin/true", cwd=lab.project)
+
+
+def test_a_workspace_its_payload_made_unreadable_is_never_run_unheld(who: Identity) -> None:
+    """The review's payload kept its workspace at mode 0300 (write and search, no read)
+    whenever the next launch tried its lock, and gave the read back for that run's census;
+    here the folder is left so, as the launch finds it."""
+    ws = who.chown(_made(who.tmp / "ws"))
+    os.chmod(ws, 0o300)
+    after = who.corral("run", "--workspace", str(ws), "--", "/bin/true")
+    if who.uid == 0:  # root reads it whatever its mode: the lock is taken
+        assert after.returncode == 0, after
+    else:
+        assert after.returncode == 125 and "cannot lock" in after.stderr, after
+        assert after.stderr.count("\n") == 1, after.stderr
+    # Control: the folder readable again, the run goes on.
+    os.chmod(ws, 0o755)
+    assert who.corral("run", "--workspace", str(ws), "--", "/bin/true").returncode == 0

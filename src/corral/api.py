@@ -5,6 +5,7 @@ The CLI is a thin layer over this module; both behave the same way.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -180,9 +181,11 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
 
         return run_request(cmd, runs_dir=runs_dir)
     argv: Sequence[str] = cmd  # type: ignore[assignment]  # what isinstance narrowed it to
-    # A reused workspace is one run's at a time: another run's launch census would back up
-    # this one's plant, and its audit put it back after ours had quarantined it (review 4).
-    with workspace.held(workspace_dir):
+    # A reused workspace is one run's at a time, and no other sandbox writes in it or
+    # above it: another run's launch census would back up this one's plant, and its audit
+    # put it back after ours had quarantined it (reviews 4 and 5).
+    trees = [guard.check_workspace(workspace_dir, own_workspace)] if workspace_dir else []
+    with workspace.held(trees):
         return _run_command(argv, policy or Policy(), workspace_dir, inputs, capture, stdin,
                             env, runs_dir, own_workspace)
 
@@ -354,10 +357,15 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     # (no name allowed: not even egress.session is imported).
     early = egress.prefork(policy.network, cpu_share=policy.limits.cpus) \
         if policy.network.allow else None
+    # The user's trees this sandbox writes, held from before the launch scan to after the
+    # audit: no other corral run's sandbox writes in them meanwhile (corral.workspace.held).
+    stack = contextlib.ExitStack()
     try:
         try:
-            sb, layout = agent.resolve_agent(policy, list(cmd), facts, project, env,
-                                             prepare=True, import_state=import_state, init=init)
+            sb, layout = agent.resolve_agent(
+                policy, list(cmd), facts, project, env, prepare=True,
+                import_state=import_state, init=init,
+                hold=lambda trees: stack.enter_context(workspace.held(trees)))
         except CorralError as e:
             e.notes = tuple(a.line() for a in actions)
             raise
@@ -401,6 +409,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
                 "ended": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
         return result
     finally:
+        stack.close()
         if early is not None:
             early.discard()
 

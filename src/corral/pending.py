@@ -204,10 +204,17 @@ def recover(runs_dir: str, writable: Sequence[str]) -> list[Action]:
         root = os.path.join(runs, name[:-len(".json")])  # the run's own, never the file's say
         # Whatever of the run still lives (a sandbox its init could not end) ends first:
         # nothing of it may plant anything after its audit.
-        from . import cgroups, host
+        from . import cgroups, host, workspace
 
-        cgroups.end_leftover(host.detect(), name[:-len(".json")])
-        done = Auditor(census, _maker(str(root))).run()
+        try:
+            # No other run's sandbox may write these trees while they are audited.
+            with workspace.held([t for t, _ in census.trees]):
+                cgroups.end_leftover(host.detect(), name[:-len(".json")])
+                done = Auditor(census, _maker(str(root))).run()
+        except UsageError as e:
+            actions.append(Action(path, "failed", "the audit of an earlier run is still "
+                                  f"owed, and cannot be done yet: {e}"))
+            continue
         actions += [Action(a.path, a.did, f"{a.why} (left by an earlier run whose audit was "
                                           "not done: its corral was killed, or the audit did "
                                           "not finish)", a.to) for a in done]

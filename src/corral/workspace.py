@@ -124,29 +124,68 @@ def input_bytes(inputs: Sequence[str]) -> int:
 
 
 @contextlib.contextmanager
-def held(workspace: str | None) -> Iterator[None]:
-    """The reused workspace ``workspace`` held for one run (an exclusive ``flock`` of the
-    directory, which a sandbox's own lock cannot take from us); another run there refuses
-    to start.  None: a fresh workspace, nothing to hold."""
-    if workspace is None:
-        yield
-        return
+def held(trees: Sequence[str]) -> Iterator[None]:
+    """The host trees one run's sandbox will write, held against every other corral run
+    whose sandbox could write any part of them, from its census to its audit.
+
+    Two sandboxes writing one tree undo each other's audits: the second launch census
+    backed up the first's plant, the first's audit quarantined it, and the second's audit
+    put it back (reviews 4 and 5, with the same workspace, nested workspaces, and an agent
+    with a ``--workspace`` run in its project).  So each tree is locked (``flock``, which
+    no sandbox can take from us: it never sees these descriptors) exclusively, and every
+    folder above it shared: a run on a folder above, below or the same finds a lock it
+    cannot take, and refuses to start (exit 125).  A tree that cannot be opened for the
+    lock is refused too, never run unheld (a payload had made its workspace unreadable to
+    its owner).  A folder above that this user cannot read is passed over: a run whose
+    own tree that is would go unseen (docs/threat-model.md)."""
+    fds: list[int] = []
     try:
-        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        yield  # what is wrong with it is said by the checks that follow
-        return
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise UsageError(f"workspace {workspace} is in use by another corral run",
-                             "one run at a time may use a workspace: each audits what the "
-                             "other left", "wait for that run to end, or use another "
-                             "workspace") from None
+        own: set[tuple[int, int]] = set()
+        for tree in trees:
+            try:
+                fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError as e:
+                raise UsageError(f"cannot lock {tree} for this run", e.strerror or str(e),
+                                 "a run holds the folders its sandbox writes; check the "
+                                 "folder's mode (a payload may have changed it)") from None
+            fds.append(fd)
+            _lock(fd, fcntl.LOCK_EX, tree, f"{tree} is in use by another corral run (in it, "
+                  "or in a folder inside it)")
+            st = os.fstat(fd)
+            own.add((st.st_dev, st.st_ino))
+        for tree in trees:
+            up = os.path.dirname(tree)
+            while True:
+                try:
+                    fd = os.open(up, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                except OSError:
+                    fd = -1  # not readable by this user: passed over (see above)
+                if fd >= 0:
+                    st = os.fstat(fd)
+                    if (st.st_dev, st.st_ino) in own:
+                        os.close(fd)
+                    else:
+                        fds.append(fd)
+                        _lock(fd, fcntl.LOCK_SH, up, f"{up}, which holds {tree}, is in "
+                              "use by another corral run")
+                if up == "/" or not up:
+                    break
+                up = os.path.dirname(up)
         yield
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
+
+
+def _lock(fd: int, how: int, path: str, busy: str) -> None:
+    try:
+        fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise UsageError(busy, "two sandboxes writing one tree would undo each other's "
+                         "audits", "wait for that run to end, or use another folder") from None
+    except OSError as e:
+        raise UsageError(f"cannot lock {path} for this run", e.strerror or str(e),
+                         "a run holds the folders its sandbox writes") from None
 
 
 def prepare(runs_dir: str, workspace: str | None, inputs: Sequence[str],

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from .. import discover, fsops, guard, interp, program, repos, resolve
 from ..bwrap import (
@@ -325,14 +325,17 @@ def _environment(policy: Policy, home: str, user: str, path: str,
 
 def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project: str,
                   extra_env: Sequence[tuple[str, str]] = (), *, prepare: bool = False,
-                  import_state: bool = False, init: str | None = None
+                  import_state: bool = False, init: str | None = None,
+                  hold: Callable[[Sequence[str]], object] | None = None
                   ) -> tuple[Sandbox, Layout]:
     """The sandbox for ``corral agent`` or ``corral shell`` in ``project``.
 
     With ``prepare``, corral's copy of the agent's state is made (and imported into on
     first use or with ``import_state``) and its credentials refreshed; without, nothing
     is created (``--dry-run``).  ``init``: the run's corral.cinit.choice(), when the
-    caller made it already.
+    caller made it already.  ``hold`` is given the user's trees the sandbox will write,
+    once they are checked and before anything in them is scanned or made (the caller
+    holds them against other runs: corral.workspace.held).
     """
     disable_userns = resolve.check_host(policy, host)
     # The launcher's own home first, then (started by root) the agent's.
@@ -348,6 +351,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     search = os.environ.get("PATH", os.defpath)
     found = interp.which_command(argv, search, base_dir=project)
     writable = _writable(policy, home, project)
+    if hold is not None:
+        hold([os.path.realpath(e.path) for e in writable if e.kind == "dir"])
     state.check_apart(home, [e.path for e in writable])
     dirs = state.plan(policy, home, [e.path for e in writable])
     _check_state_alone(dirs, [*(e.path for e in writable),
