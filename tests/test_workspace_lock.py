@@ -131,3 +131,44 @@ def test_a_workspace_its_payload_made_unreadable_is_never_run_unheld(who: Identi
     # Control: the folder readable again, the run goes on.
     os.chmod(ws, 0o755)
     assert who.corral("run", "--workspace", str(ws), "--", "/bin/true").returncode == 0
+
+
+def test_a_link_through_another_runs_tree_is_refused_wherever_it_points(who: Identity
+                                                                        ) -> None:
+    """Review 6: a payload repointed ``T/link`` while the user's next run resolved
+    ``--workspace T/link`` twice: the lock held one folder (outside T), the run used the
+    other (inside T, the payload's own tree).  Now the run uses the folder as locked, and
+    every folder on the way, as given, is held too: a path through a tree another run
+    writes is refused wherever its link points at the moment.  Control: once that run
+    is over, the same path runs."""
+    tree = who.chown(_made(who.tmp / "T"))
+    out = who.chown(_made(who.tmp / "out"))
+    (tree / "link").symlink_to(out)
+    with _running(who, tree / "started", "run", "--workspace", str(tree), "--",
+                  "/bin/sh", "-c", ": > /work/started; sleep 30"):
+        r = who.corral("run", "--workspace", str(tree / "link"), "--", "/bin/true")
+        assert r.returncode == 125 and "in use by another corral run" in r.stderr, r
+        assert "on the way" in r.stderr, r.stderr
+    (tree / "started").unlink()
+    _eventually(who, "run", "--workspace", str(tree / "link"), "--", "/bin/true")
+
+
+def test_a_folder_of_ones_own_on_the_way_that_cannot_be_read_is_refused(who: Identity
+                                                                         ) -> None:
+    """Review 6: an agent's payload made its own project unreadable (0311) whenever the
+    next launch locked a workspace inside it, and the lock passed over a folder it could
+    not read.  Now a folder on the way that is the user's own must be held; root reads
+    it whatever its mode.  Control: readable again, the run goes on."""
+    above = who.chown(_made(who.tmp / "P"))
+    ws = who.chown(_made(above / "ws"))
+    os.chmod(above, 0o311)
+    try:
+        r = who.corral("run", "--workspace", str(ws), "--", "/bin/true")
+        if who.uid == 0:
+            assert r.returncode == 0, r
+        else:
+            assert r.returncode == 125 and "cannot lock" in r.stderr, r
+            assert str(above) in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    finally:
+        os.chmod(above, 0o755)
+    assert who.corral("run", "--workspace", str(ws), "--", "/bin/true").returncode == 0

@@ -184,10 +184,13 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     # A reused workspace is one run's at a time, and no other sandbox writes in it or
     # above it: another run's launch census would back up this one's plant, and its audit
     # put it back after ours had quarantined it (reviews 4 and 5).
-    trees = [guard.check_workspace(workspace_dir, own_workspace)] if workspace_dir else []
-    with workspace.held(trees):
-        return _run_command(argv, policy or Policy(), workspace_dir, inputs, capture, stdin,
-                            env, runs_dir, own_workspace)
+    # The run then uses the folder as locked, resolved once (review 6 repointed a link on
+    # the way between two resolutions).
+    if workspace_dir:
+        guard.check_workspace(workspace_dir, own_workspace)  # its refusals come first
+    with workspace.held([workspace_dir] if workspace_dir else []) as trees:
+        return _run_command(argv, policy or Policy(), trees[0] if trees else None, inputs,
+                            capture, stdin, env, runs_dir, own_workspace)
 
 
 def _run_command(argv: Sequence[str], policy: Policy, workspace_dir: str | None,

@@ -75,11 +75,15 @@ class LiveWatch:
     def _add(self, libc: ctypes.CDLL, path: str, top: str, owner: tuple[int, int] | None
              ) -> None:
         """Watch the git directory itself, reached by descriptor (never through a link)."""
-        with fsops.Tree(top, owner) as tree:
-            rel = os.path.relpath(path, top)
-            handle = tree.open(rel, os.O_PATH | os.O_DIRECTORY)
-            self.present |= {os.path.join(path, n) for n in WATCHED
-                             if tree.lstat(f"{rel}/{n}") is not None}
+        try:
+            with fsops.Tree(top, owner) as tree:
+                rel = os.path.relpath(path, top)
+                handle = tree.open(rel, os.O_PATH | os.O_DIRECTORY)
+                self.present |= {os.path.join(path, n) for n in WATCHED
+                                 if tree.lstat(f"{rel}/{n}") is not None}
+        except OSError as e:  # gone or replaced since the launch scan: nothing starts
+            raise HostError(f"cannot watch the git directory {path}", e.strerror or str(e),
+                            "it changed since the launch looked at it; start again") from None
         try:
             wd = libc.inotify_add_watch(self.fd, f"/proc/self/fd/{handle}".encode(),
                                         IN_CREATE | IN_MOVED_TO | IN_ONLYDIR)

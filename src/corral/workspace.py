@@ -124,24 +124,29 @@ def input_bytes(inputs: Sequence[str]) -> int:
 
 
 @contextlib.contextmanager
-def held(trees: Sequence[str]) -> Iterator[None]:
+def held(paths: Sequence[str]) -> Iterator[list[str]]:
     """The host trees one run's sandbox will write, held against every other corral run
-    whose sandbox could write any part of them, from its census to its audit.
+    whose sandbox could write any part of them, from its census to its audit; yields
+    them resolved, as locked: the run uses those paths and no other.
 
     Two sandboxes writing one tree undo each other's audits: the second launch census
     backed up the first's plant, the first's audit quarantined it, and the second's audit
-    put it back (reviews 4 and 5, with the same workspace, nested workspaces, and an agent
-    with a ``--workspace`` run in its project).  So each tree is locked (``flock``, which
-    no sandbox can take from us: it never sees these descriptors) exclusively, and every
-    folder above it shared: a run on a folder above, below or the same finds a lock it
-    cannot take, and refuses to start (exit 125).  A tree that cannot be opened for the
-    lock is refused too, never run unheld (a payload had made its workspace unreadable to
-    its owner).  A folder above that this user cannot read is passed over: a run whose
-    own tree that is would go unseen (docs/threat-model.md)."""
+    put it back (reviews 4 to 6: the same workspace, nested workspaces, an agent with a
+    ``--workspace`` run in its project, a workspace named through a link another sandbox
+    repointed).  So each tree is locked (``flock``, which no sandbox can take from us: it
+    never sees these descriptors) exclusively, and every folder on the way to it shared,
+    on the path as given (each link's folder and its target's) and as resolved: a run on
+    a folder above, below or the same, or on a link in a tree another run writes, finds
+    a lock it cannot take, and refuses to start (exit 125).  A tree that cannot be opened
+    for the lock is refused, never run unheld, and so is a folder on the way that is the
+    user's own and unreadable (a payload can make its own tree so); one of another user's
+    that this user cannot read is passed over (docs/threat-model.md)."""
     fds: list[int] = []
     try:
         own: set[tuple[int, int]] = set()
-        for tree in trees:
+        trees: list[str] = []
+        for given in paths:
+            tree = os.path.realpath(given)
             try:
                 fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError as e:
@@ -152,29 +157,62 @@ def held(trees: Sequence[str]) -> Iterator[None]:
             _lock(fd, fcntl.LOCK_EX, tree, f"{tree} is in use by another corral run (in it, "
                   "or in a folder inside it)")
             st = os.fstat(fd)
-            own.add((st.st_dev, st.st_ino))
-        for tree in trees:
-            up = os.path.dirname(tree)
-            while True:
+            with contextlib.suppress(OSError):
+                now = os.stat(given)
+                if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                    own.add((st.st_dev, st.st_ino))
+                    trees.append(tree)
+                    continue
+            raise UsageError(f"{given} changed while it was being locked",
+                             "a link on its way points elsewhere now",
+                             "name the folder itself, by a path no sandbox can write")
+        for given, tree in zip(paths, trees, strict=True):
+            for up in _on_the_way(given, tree):
                 try:
                     fd = os.open(up, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                except OSError:
-                    fd = -1  # not readable by this user: passed over (see above)
-                if fd >= 0:
-                    st = os.fstat(fd)
-                    if (st.st_dev, st.st_ino) in own:
-                        os.close(fd)
-                    else:
-                        fds.append(fd)
-                        _lock(fd, fcntl.LOCK_SH, up, f"{up}, which holds {tree}, is in "
-                              "use by another corral run")
-                if up == "/" or not up:
-                    break
-                up = os.path.dirname(up)
-        yield
+                except OSError as e:
+                    if _mine(up):
+                        raise UsageError(
+                            f"cannot lock {up}, on the way to {tree}", e.strerror or str(e),
+                            "it is yours, and a run must hold it: give yourself read "
+                            "permission on it (a sandbox's payload may have taken it away)"
+                        ) from None
+                    continue  # another user's, unreadable: passed over (see above)
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) in own:
+                    os.close(fd)
+                    continue
+                fds.append(fd)
+                _lock(fd, fcntl.LOCK_SH, up, f"{up}, on the way to {tree}, is in use by "
+                      "another corral run")
+        yield trees
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _on_the_way(given: str, tree: str) -> list[str]:
+    """Every folder the path ``given`` passes through to ``tree`` (its resolution): the
+    folders above the tree, and for each leading part of ``given`` the folder it names
+    and the folders above that (a link's own folder, then its target's)."""
+    parts = os.path.abspath(given).split("/")[1:-1]
+    starts = [tree] + ["/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    found: dict[str, None] = {}
+    for start in starts:
+        here = os.path.realpath(start)
+        if start != tree:
+            found[here] = None
+        while here != "/":
+            here = os.path.dirname(here)
+            found[here] = None
+    return list(found)
+
+
+def _mine(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == os.geteuid()
+    except OSError:
+        return True  # cannot tell: refused
 
 
 def _lock(fd: int, how: int, path: str, busy: str) -> None:

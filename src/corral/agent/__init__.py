@@ -352,7 +352,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     found = interp.which_command(argv, search, base_dir=project)
     writable = _writable(policy, home, project)
     if hold is not None:
-        hold([os.path.realpath(e.path) for e in writable if e.kind == "dir"])
+        hold([e.path for e in writable if e.kind == "dir"])  # as given: links on the way too
     state.check_apart(home, [e.path for e in writable])
     dirs = state.plan(policy, home, [e.path for e in writable])
     _check_state_alone(dirs, [*(e.path for e in writable),
