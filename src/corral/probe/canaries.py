@@ -16,6 +16,9 @@ the fake home from itself)::
                             whose pyvenv.cfg names ~/.ssh, a fake pyenv shim in .probe-bin
       .config/git/credentials  git's plaintext credential store
       dev/other/            another project
+      dev/spin/             the spin launch's own project, the battery alone (it runs
+                            beside the main launch, and corral lets no two sandboxes
+                            write one tree)
       dev/holder/.ssh/      a directory holding credentials
       dev/home-link         a symlink to home
     outside/*.txt           files outside the project
@@ -129,6 +132,10 @@ class Plant:
     @property
     def battery(self) -> str:
         return os.path.join(self.project, BATTERY)
+
+    @property
+    def spin_project(self) -> str:
+        return os.path.join(self.home, "dev", "spin")
 
     def places(self) -> dict[str, str]:
         h = self.home
@@ -298,8 +305,10 @@ class Site:
         os.makedirs(os.path.dirname(places["daemon_sock"]))
         os.makedirs(os.path.dirname(places["dgram_sock"]))
         battery = resources.files("corral.probe").joinpath("battery.py").read_bytes()
-        with open(p.battery, "wb") as f:
-            f.write(battery)
+        os.makedirs(p.spin_project)
+        for path in (p.battery, os.path.join(p.spin_project, BATTERY)):
+            with open(path, "wb") as f:
+                f.write(battery)
         os.chmod(home, 0o700)
 
     def _host_side(self, p: Plant) -> None:

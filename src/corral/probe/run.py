@@ -1,9 +1,10 @@
 """Running the probe: plant, launch, verify the host, judge, clean up.
 
 Two threads share the work, so the probe takes seconds: one runs the spin
-launch (it waits for the sandbox's wall clock); the other, once the spin
-battery has begun (both use the project), runs the main launch, then each
-launch-directory launch, then each resource launch, one after another.
+launch (it waits for the sandbox's wall clock) in a project of its own (corral
+lets no two sandboxes write one tree); the other, once the spin battery has
+begun, runs the main launch, then each launch-directory launch, then each
+resource launch, one after another.
 After every launch the host is verified at once (planted files, canary
 servers, marked processes) and what it changed is put back,
 so that every launch is judged on its own.
@@ -75,7 +76,8 @@ def plan(checks: Iterable[Check], plant: Plant) -> dict[str, LaunchSpec]:
         members.sort(key=lambda c: ATTEMPT_ORDER.index(c.category))
         attempts = tuple(a.render(ident, plant) for c in members
                          for ident, a in zip(c.attempt_ids(), c.attempts, strict=True))
-        cwd = plant.fill(LAUNCH_DIRS[name]) if kind == "launch" else plant.project
+        cwd = plant.fill(LAUNCH_DIRS[name]) if kind == "launch" else \
+            plant.spin_project if kind == "spin" else plant.project
         env = tuple((k, plant.fill(v)) for k, v in LAUNCH_ENV.get(kind, ()))
         specs[name] = LaunchSpec(name, kind, cwd, attempts, DEADLINE_S[kind],
                                  exit=EXIT_CODE if kind == "main" else 0,
@@ -154,8 +156,8 @@ def _survivors(marker: str) -> list[int]:
 
 
 def _sequence(run: Run, specs: dict[str, LaunchSpec], spin: threading.Event) -> None:
-    # The spin launch shares the project: it must be set up (scanned, mounted) before the
-    # main battery plants things there (a FIFO named .git makes a launch refuse to start).
+    # The spin launch is set up (scanned, mounted) before the main battery plants anything:
+    # when it shared the project, a FIFO named .git there made it refuse to start.
     spin.wait(DEADLINE_S["spin"])
     order = sorted((n for n in specs if n != "spin"), key=lambda n: ORDER.index(specs[n].kind))
     for name in order:
