@@ -351,10 +351,11 @@ print(json.dumps({"cpu": after.ru_utime + after.ru_stime - before.ru_utime - bef
 
 
 def cpu_bound(run: dict[str, object]) -> float:
-    """What the launcher may spend: less than the run itself (3/4 of it, measured 0.4 with
-    the bounds and 1.9 without), plus half a second for starting and supervising."""
+    """What the launcher may spend: no more than the run itself (measured 0.4 of it with
+    the bounds and 1.9 without on an idle machine; 1.09 with the bounds once, in CI, with
+    the two cores at load average 16), plus half a second for starting and supervising."""
     assert isinstance(run["cpu_s"], float) and run["cpu_s"] > 0.5, run
-    return 0.5 + 0.75 * run["cpu_s"]
+    return 0.5 + 1.0 * run["cpu_s"]
 
 
 def test_trickled_heads_cost_the_launcher_a_bounded_amount_of_cpu(who: Identity) -> None:
