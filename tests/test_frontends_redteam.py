@@ -703,7 +703,9 @@ if mode == "capped":  # the control: corral's init shares the payload's CPU cap,
     limits.Plan.payload_dirs = lambda self, run_id: []
     limits.Plan.setting_path = lambda self, run_id, c, name: os.path.join(self.dirs(run_id)[c],
                                                                           name)
-threading.Timer(5, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+# 10 s: under the cap, the Python init's own start and the 1000 threads' creation took
+# most of 5 s, and the control's payload was not yet spinning when its launcher went.
+threading.Timer(10, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
 main(["run", "--cpus", "0.02", "--pids", "1100", "--timeout", "300", "--input", spin, "--",
       "/work/spin", "1000", marker])
 """
@@ -762,19 +764,26 @@ def _compiled(who: Identity, name: str, source: str, *flags: str) -> str:
 def _outlives_its_launcher(who: Identity, runner: str, modes: tuple[str, str], init: str,
                            *more: str) -> None:
     """``runner`` SIGKILLs itself during its run: in the first mode (protected) the
-    sandbox ends with it; in the second (the control) it is still there 5 s later."""
+    sandbox ends with it; in the second (the control) it is still there 5 s later, in one
+    of three tries (the attacks are races: a flood that a loaded machine slows lost one
+    once in CI, at a load average of 16)."""
     for mode in modes:
-        marker = f"corral-outliving-{os.urandom(4).hex()}"
-        runs = _killed_launcher(who, runner, mode, marker, init, *more)
-        if mode == modes[0]:
-            assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
+        for _ in range(1 if mode == modes[0] else 3):
+            marker = f"corral-outliving-{os.urandom(4).hex()}"
+            runs = _killed_launcher(who, runner, mode, marker, init, *more)
+            if mode == modes[0]:
+                assert eventually(lambda m=marker: processes_with(m) == [], 60), mode
+                left = []
+            else:
+                time.sleep(5)
+                left = processes_with(marker)
+                _uncap_and_kill(left)
+                assert eventually(lambda m=marker: processes_with(m) == [], 60)
+            _remove_cgroups(who, runs)
+            if left:
+                break
         else:
-            time.sleep(5)
-            left = processes_with(marker)
-            _uncap_and_kill(left)
-            assert eventually(lambda m=marker: processes_with(m) == [], 60)
-            assert left, f"the control {mode}'s payload died with its launcher"
-        _remove_cgroups(who, runs)
+            assert mode == modes[0], f"the control {mode}'s payload died with its launcher"
 
 
 def _uncap_and_kill(pids: list[int]) -> None:
