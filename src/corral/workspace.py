@@ -195,8 +195,10 @@ def _on_the_way(given: str, tree: str) -> list[str]:
     """Every folder the path ``given`` passes through to ``tree`` (its resolution): the
     folders above the tree, and for each leading part of ``given`` the folder it names
     and the folders above that (a link's own folder, then its target's)."""
-    parts = os.path.abspath(given).split("/")[1:-1]
-    starts = [tree] + ["/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+    plain = os.path.abspath(given)
+    parts = plain.split("/")[1:-1]
+    starts = [tree] + (["/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1)]
+                       if plain != tree else [])  # no link on the way: the folders above
     found: dict[str, None] = {}
     for start in starts:
         here = os.path.realpath(start)
