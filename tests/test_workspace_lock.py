@@ -172,3 +172,27 @@ def test_a_folder_of_ones_own_on_the_way_that_cannot_be_read_is_refused(who: Ide
     finally:
         os.chmod(above, 0o755)
     assert who.corral("run", "--workspace", str(ws), "--", "/bin/true").returncode == 0
+
+
+def test_an_input_in_another_runs_tree_is_refused(who: Identity) -> None:
+    """Review 7: while an agent ran in P, a ``corral run --input P/d`` started, and the
+    agent's payload, woken by the copy's first open, swapped ``P/d`` for a link to /etc:
+    the root launcher copied /etc in, and its payload read /etc/shadow.  Now what a run
+    reads by path is held too (every folder on the way, and the folder itself), and the
+    copy reads by descriptor, never through a link beneath what was given.  Control: once
+    the run writing T is over, the same input is copied in."""
+    tree = who.chown(_made(who.tmp / "T"))
+    (tree / "d").mkdir()
+    (tree / "d" / "f").write_text("input\n")
+    who.chown(tree)
+    read = ("run", "--input", str(tree / "d"), "--", "/bin/cat", "/work/d/f")
+    with _running(who, tree / "started", "run", "--workspace", str(tree), "--",
+                  "/bin/sh", "-c", ": > /work/started; sleep 30"):
+        r = who.corral(*read)
+        assert r.returncode == 125, r
+        assert "which another corral run's sandbox writes" in r.stderr, r.stderr
+        ro = who.corral("run", "--ro", str(tree / "d"), "--", "/bin/true")
+        assert ro.returncode == 125 and "sandbox writes" in ro.stderr, ro
+    (tree / "started").unlink()
+    _eventually(who, *read)
+    assert who.corral(*read).stdout == "input\n"

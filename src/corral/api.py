@@ -188,7 +188,9 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     # the way between two resolutions).
     if workspace_dir:
         guard.check_workspace(workspace_dir, own_workspace)  # its refusals come first
-    with workspace.held([workspace_dir] if workspace_dir else []) as trees:
+    # What it reads by path is held too: inputs copied in, --ro paths (review 7).
+    reads = [*inputs, *(policy.read_only if policy is not None else ())]
+    with workspace.held([workspace_dir] if workspace_dir else [], reads) as trees:
         return _run_command(argv, policy or Policy(), trees[0] if trees else None, inputs,
                             capture, stdin, env, runs_dir, own_workspace)
 
@@ -368,7 +370,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
             sb, layout = agent.resolve_agent(
                 policy, list(cmd), facts, project, env, prepare=True,
                 import_state=import_state, init=init,
-                hold=lambda trees: stack.enter_context(workspace.held(trees)))
+                hold=lambda trees, reads: stack.enter_context(workspace.held(trees, reads)))
         except CorralError as e:
             e.notes = tuple(a.line() for a in actions)
             raise

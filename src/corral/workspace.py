@@ -124,7 +124,7 @@ def input_bytes(inputs: Sequence[str]) -> int:
 
 
 @contextlib.contextmanager
-def held(paths: Sequence[str]) -> Iterator[list[str]]:
+def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]:
     """The host trees one run's sandbox will write, held against every other corral run
     whose sandbox could write any part of them, from its census to its audit; yields
     them resolved, as locked: the run uses those paths and no other.
@@ -140,7 +140,13 @@ def held(paths: Sequence[str]) -> Iterator[list[str]]:
     a lock it cannot take, and refuses to start (exit 125).  A tree that cannot be opened
     for the lock is refused, never run unheld, and so is a folder on the way that is the
     user's own and unreadable (a payload can make its own tree so); one of another user's
-    that this user cannot read is passed over (docs/threat-model.md)."""
+    that this user cannot read is passed over (docs/threat-model.md).
+
+    ``reads`` are host paths the launch reads or shows by path (``--input`` copies,
+    ``--ro`` paths): every folder on the way to each, and the path itself when a folder,
+    is held shared, so that no sandbox writes them while this run holds them (review 7:
+    a live agent swapped a link onto ``/etc`` into the folder another run copied in as
+    root, and its payload read ``/etc/shadow``)."""
     fds: list[int] = []
     try:
         own: set[tuple[int, int]] = set()
@@ -185,6 +191,28 @@ def held(paths: Sequence[str]) -> Iterator[list[str]]:
                 fds.append(fd)
                 _lock(fd, fcntl.LOCK_SH, up, f"{up}, on the way to {tree}, is in use by "
                       "another corral run")
+        for given in reads:
+            real = os.path.realpath(given)
+            for up in [*_on_the_way(given, real), *([real] if os.path.isdir(real) else [])]:
+                try:
+                    fd = os.open(up, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue  # nothing there to read through; a folder above it is held
+                except OSError as e:
+                    if _mine(up):
+                        raise UsageError(
+                            f"cannot lock {up}, on the way to {given}", e.strerror or str(e),
+                            "it is yours, and a run must hold what it reads: give yourself "
+                            "read permission on it") from None
+                    continue
+                st = os.fstat(fd)
+                if (st.st_dev, st.st_ino) in own:
+                    os.close(fd)
+                    continue
+                own.add((st.st_dev, st.st_ino))  # held now: once is enough
+                fds.append(fd)
+                _lock(fd, fcntl.LOCK_SH, up, f"{given} is read through {up}, which another "
+                      "corral run's sandbox writes")
         yield trees
     finally:
         for fd in fds:
@@ -299,33 +327,59 @@ def copy_in(tree: fsops.Tree, src: str) -> None:
     try:
         _copy(src, tree, tmp)
         tree.rename(tmp, tree, name)
-    except OSError as e:
+    except (OSError, UsageError) as e:
         with contextlib.suppress(OSError):
             remove(tree, tmp)
+        if isinstance(e, UsageError):
+            raise
         raise UsageError(f"input {src} cannot be copied into the workspace as {name}",
                          e.strerror or str(e), "remove it from the workspace first") from None
 
 
 def _copy(src: str, tree: fsops.Tree, rel: str) -> None:
-    """``src`` (the launcher's own input, trusted) to ``rel`` beneath the workspace."""
-    st = os.lstat(src)
+    """``src`` (the launcher's own input) to ``rel`` beneath the workspace.  Read by
+    descriptor from its top down, no link followed past the path the user gave: a link
+    swapped in beneath is copied as a link, never read through (review 7; the folders on
+    the way are held by :func:`held`)."""
+    parent, name = os.path.split(src.rstrip("/") or "/")
+    dirfd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _copy_at(dirfd, name, src, tree, rel)
+    finally:
+        os.close(dirfd)
+
+
+def _copy_at(dirfd: int, name: str, src: str, tree: fsops.Tree, rel: str) -> None:
+    st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
     if stat.S_ISLNK(st.st_mode):
-        tree.symlink(os.readlink(src), rel)
+        tree.symlink(os.readlink(name, dir_fd=dirfd), rel)
     elif stat.S_ISDIR(st.st_mode):
-        tree.mkdir(rel, 0o755)
-        for entry in sorted(os.listdir(src)):
-            _copy(os.path.join(src, entry), tree, f"{rel}/{entry}")
-    elif stat.S_ISREG(st.st_mode):
-        fd = tree.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
-                       stat.S_IMODE(st.st_mode) & 0o755 | 0o600)
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     dir_fd=dirfd)
         try:
-            with open(src, "rb") as f:
-                while chunk := f.read(1 << 20):
+            tree.mkdir(rel, 0o755)
+            for entry in sorted(os.listdir(fd)):
+                _copy_at(fd, entry, os.path.join(src, entry), tree, f"{rel}/{entry}")
+        finally:
+            os.close(fd)
+    elif stat.S_ISREG(st.st_mode):
+        source = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         dir_fd=dirfd)
+        try:
+            if not stat.S_ISREG(os.fstat(source).st_mode):  # swapped since it was looked at
+                raise UsageError(f"input {src} changed while it was copied", "",
+                                 "copy it again when nothing else writes it")
+            fd = tree.open(rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                           stat.S_IMODE(st.st_mode) & 0o755 | 0o600)
+            try:
+                while chunk := os.read(source, 1 << 20):
                     view = memoryview(chunk)
                     while view:
                         view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
         finally:
-            os.close(fd)
+            os.close(source)
     else:
         raise UsageError(f"input {src} is not a file, directory or symlink", "",
                          "copy regular files only")

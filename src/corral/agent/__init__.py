@@ -326,7 +326,7 @@ def _environment(policy: Policy, home: str, user: str, path: str,
 def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project: str,
                   extra_env: Sequence[tuple[str, str]] = (), *, prepare: bool = False,
                   import_state: bool = False, init: str | None = None,
-                  hold: Callable[[Sequence[str]], object] | None = None
+                  hold: Callable[[Sequence[str], Sequence[str]], object] | None = None
                   ) -> tuple[Sandbox, Layout]:
     """The sandbox for ``corral agent`` or ``corral shell`` in ``project``.
 
@@ -334,8 +334,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     first use or with ``import_state``) and its credentials refreshed; without, nothing
     is created (``--dry-run``).  ``init``: the run's corral.cinit.choice(), when the
     caller made it already.  ``hold`` is given the user's trees the sandbox will write,
-    once they are checked and before anything in them is scanned or made (the caller
-    holds them against other runs: corral.workspace.held).
+    once they are checked and before anything in them is scanned or made, and the paths
+    it shows read-only (the caller holds them against other runs: corral.workspace.held).
     """
     disable_userns = resolve.check_host(policy, host)
     # The launcher's own home first, then (started by root) the agent's.
@@ -352,7 +352,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     found = interp.which_command(argv, search, base_dir=project)
     writable = _writable(policy, home, project)
     if hold is not None:
-        hold([e.path for e in writable if e.kind == "dir"])  # as given: links on the way too
+        hold([e.path for e in writable if e.kind == "dir"],  # as given: links on the way too
+             [_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only)])
     state.check_apart(home, [e.path for e in writable])
     dirs = state.plan(policy, home, [e.path for e in writable])
     _check_state_alone(dirs, [*(e.path for e in writable),
