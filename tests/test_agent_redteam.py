@@ -537,9 +537,11 @@ def test_an_owed_audit_is_never_read_from_a_runs_directory_the_sandbox_can_write
     """corral wrote no owed census in a runs directory inside the project, but read one
     there: the agent could forge one naming another of the user's repositories and a
     quarantine of its choosing (review 3 had the user's next launch move a private file
-    into the project), or a live run's id (which the next launch then killed).  Now
-    nothing is read from there.  Control: the same census in a runs directory outside the
-    project is audited by the next launch."""
+    into the project), or a live run's id (which the next launch then killed).  Now a
+    runs directory inside a tree the sandbox writes is refused outright (the payload also
+    swapped a link in for its own run's folder there, and the launcher wrote the record
+    and the quarantine where it pointed), and nothing is read from there.  Control: the
+    same census in a runs directory outside the project is audited by the next launch."""
     hook = lab.project / "planted" / ".git" / "hooks" / "pre-commit"
     _killed_run(who, lab)
     [owed] = (who.tmp / "runs" / ".pending").glob("*.json")
@@ -550,7 +552,8 @@ def test_an_owed_audit_is_never_read_from_a_runs_directory_the_sandbox_can_write
     for p in (inside.parent, inside, inside / owed.name):  # as the launcher's own would be
         os.chown(p, who.uid, who.gid)
     r = agent(who, lab, "echo NEXT", env={"CORRAL_RUNS_DIR": str(lab.project / "runs")})
-    assert r.returncode == 0 and hook.exists(), r  # not read from there
+    assert r.returncode == 125 and hook.exists(), r  # not read from there
+    assert "the runs directory" in r.stderr and r.stderr.count("\n") == 1, r.stderr
     outside = who.tmp / "runs-outside" / ".pending"
     outside.mkdir(parents=True)
     (inside / owed.name).rename(outside / owed.name)

@@ -196,3 +196,18 @@ def test_an_input_in_another_runs_tree_is_refused(who: Identity) -> None:
     (tree / "started").unlink()
     _eventually(who, *read)
     assert who.corral(*read).stdout == "input\n"
+
+
+def test_a_runs_directory_inside_the_workspace_is_refused(who: Identity) -> None:
+    """The launcher writes the record and moves quarantined files into the runs directory
+    by path: inside the tree the sandbox writes, the payload swapped a link in for its
+    run's folder and sent both out of the project (found while closing review 7).
+    Control: beside the workspace, the same run goes on."""
+    ws = who.chown(_made(who.tmp / "ws"))
+    r = who.corral("run", "--workspace", str(ws), "--runs-dir", str(ws / "runs"), "--",
+                   "/bin/true")
+    assert r.returncode == 125 and "the runs directory" in r.stderr, r
+    assert not (ws / "runs").exists()
+    ok = who.corral("run", "--workspace", str(ws), "--runs-dir", str(who.tmp / "runs-beside"),
+                    "--", "/bin/true")
+    assert ok.returncode == 0, ok

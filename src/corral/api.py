@@ -186,10 +186,13 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     # put it back after ours had quarantined it (reviews 4 and 5).
     # The run then uses the folder as locked, resolved once (review 6 repointed a link on
     # the way between two resolutions).
+    runs = runs_dir or workspace.default_runs_dir()
     if workspace_dir:
         guard.check_workspace(workspace_dir, own_workspace)  # its refusals come first
-    # What it reads by path is held too: inputs copied in, --ro paths (review 7).
-    reads = [*inputs, *(policy.read_only if policy is not None else ())]
+        workspace.check_runs_apart(runs, [workspace_dir])
+    # What it reads or writes by path is held too: inputs copied in, --ro paths, the runs
+    # directory (review 7).
+    reads = [*inputs, *(policy.read_only if policy is not None else ()), runs]
     with workspace.held([workspace_dir] if workspace_dir else [], reads) as trees:
         return _run_command(argv, policy or Policy(), trees[0] if trees else None, inputs,
                             capture, stdin, env, runs_dir, own_workspace)
@@ -370,7 +373,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
             sb, layout = agent.resolve_agent(
                 policy, list(cmd), facts, project, env, prepare=True,
                 import_state=import_state, init=init,
-                hold=lambda trees, reads: stack.enter_context(workspace.held(trees, reads)))
+                hold=lambda trees, reads: _hold(stack, runs, trees, reads))
         except CorralError as e:
             e.notes = tuple(a.line() for a in actions)
             raise
@@ -417,6 +420,14 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         stack.close()
         if early is not None:
             early.discard()
+
+
+def _hold(stack: contextlib.ExitStack, runs: str, trees: Sequence[str],
+          reads: Sequence[str]) -> None:
+    """An agent's trees held (corral.workspace.held), its runs directory apart from them
+    and held like what it reads."""
+    workspace.check_runs_apart(runs, trees)
+    stack.enter_context(workspace.held(trees, [*reads, runs]))
 
 
 def _result(limited: Limited, denials: tuple[dict[str, Any], ...], cg_plan: Plan,

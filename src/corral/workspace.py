@@ -219,6 +219,19 @@ def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]
             os.close(fd)
 
 
+def check_runs_apart(runs_dir: str, trees: Sequence[str]) -> None:
+    """The runs directory never inside a tree a sandbox of this run writes: the launcher
+    writes the record and moves what the audit quarantines there by path, and the payload
+    could swap a link in (it sent a run's quarantine and record out of the project)."""
+    runs = os.path.realpath(runs_dir)
+    for tree in trees:
+        top = os.path.realpath(tree)
+        if runs == top or runs.startswith(top.rstrip("/") + "/"):
+            raise UsageError(f"the runs directory {runs_dir} is inside {tree}, which the "
+                             "sandbox writes", "corral writes records and moves quarantined "
+                             "files there", "choose another (--runs-dir or CORRAL_RUNS_DIR)")
+
+
 def _on_the_way(given: str, tree: str) -> list[str]:
     """Every folder the path ``given`` passes through to ``tree`` (its resolution): the
     folders above the tree, and for each leading part of ``given`` the folder it names
