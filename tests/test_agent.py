@@ -267,3 +267,21 @@ def test_the_network_line_leaves_out_what_deny_removed(who: Identity, lab: Lab) 
     ctl = agent(who, lab, "true", *flags)
     assert "corral: network: only origin.test, gone.test, *.cdn.test, through corral's " \
            "proxy" in ctl.stderr
+
+
+def test_a_writable_path_that_is_a_link_is_refused_in_one_line(who: Identity, lab: Lab
+                                                                ) -> None:
+    """``--rw`` naming a link to a folder in the home ended in a traceback (the tree is
+    opened without following its last link; seen by review 7).  Now one line names the
+    folder to give instead.  Control: the folder itself is taken."""
+    target = lab.home / "dev" / "cache-target"
+    target.mkdir()
+    link = lab.home / "dev" / "cache-link"
+    link.symlink_to(target)
+    lab.own(target)
+    lab.own(link)
+    r = who.corral("agent", "--rw", str(link), "--", "/bin/true", cwd=lab.project)
+    assert r.returncode == 125 and "symbolic link" in r.stderr, r
+    assert r.stderr.count("\n") == 1, r.stderr
+    ok = who.corral("agent", "--rw", str(target), "--", "/bin/true", cwd=lab.project)
+    assert ok.returncode == 0, ok

@@ -244,6 +244,10 @@ def _writable(policy: Policy, home: str, project: str) -> list[Entry]:
         if os.path.islink(path) and not _under(real, home):
             raise UsageError(f"writable path {path} links outside the home directory", "",
                              "point it inside your home, or drop it from the profile")
+        if os.path.islink(path) and os.path.isdir(real):  # a tree is held by descriptor
+            raise UsageError(f"writable path {path} is a symbolic link to {real}",
+                             "corral holds a writable tree by the folder itself",
+                             f"name {real} instead")
         kind = "dir" if os.path.isdir(real) else "file"
         entries.append(Entry(path, "rw", kind, "made writable by the profile or --rw"))
     return entries
