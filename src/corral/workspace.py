@@ -174,45 +174,13 @@ def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]
                              "name the folder itself, by a path no sandbox can write")
         for given, tree in zip(paths, trees, strict=True):
             for up in _on_the_way(given, tree):
-                try:
-                    fd = os.open(up, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                except OSError as e:
-                    if _mine(up):
-                        raise UsageError(
-                            f"cannot lock {up}, on the way to {tree}", e.strerror or str(e),
-                            "it is yours, and a run must hold it: give yourself read "
-                            "permission on it (a sandbox's payload may have taken it away)"
-                        ) from None
-                    continue  # another user's, unreadable: passed over (see above)
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) in own:
-                    os.close(fd)
-                    continue
-                fds.append(fd)
-                _lock(fd, fcntl.LOCK_SH, up, f"{up}, on the way to {tree}, is in use by "
-                      "another corral run")
+                _share(up, tree, own, fds, f"{up}, on the way to {tree}, is in use by "
+                       "another corral run", missing_ok=False)
         for given in reads:
             real = os.path.realpath(given)
             for up in [*_on_the_way(given, real), *([real] if os.path.isdir(real) else [])]:
-                try:
-                    fd = os.open(up, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                except (FileNotFoundError, NotADirectoryError):
-                    continue  # nothing there to read through; a folder above it is held
-                except OSError as e:
-                    if _mine(up):
-                        raise UsageError(
-                            f"cannot lock {up}, on the way to {given}", e.strerror or str(e),
-                            "it is yours, and a run must hold what it reads: give yourself "
-                            "read permission on it") from None
-                    continue
-                st = os.fstat(fd)
-                if (st.st_dev, st.st_ino) in own:
-                    os.close(fd)
-                    continue
-                own.add((st.st_dev, st.st_ino))  # held now: once is enough
-                fds.append(fd)
-                _lock(fd, fcntl.LOCK_SH, up, f"{given} is read through {up}, which another "
-                      "corral run's sandbox writes")
+                _share(up, given, own, fds, f"{given} is read through {up}, which another "
+                       "corral run's sandbox writes", missing_ok=True)
         yield trees
     finally:
         for fd in fds:
@@ -249,6 +217,32 @@ def _on_the_way(given: str, tree: str) -> list[str]:
             here = os.path.dirname(here)
             found[here] = None
     return list(found)
+
+
+def _share(up: str, target: str, own: set[tuple[int, int]], fds: list[int], busy: str,
+           *, missing_ok: bool) -> None:
+    """The folder ``up``, on the way to ``target``, held shared (once, and never one of
+    the run's own trees); with ``missing_ok`` (a path read, not a tree written) one that
+    is not there is passed over (a folder above it is held); an unreadable one of another
+    user's is passed over; the user's own, or one gone from a tree's way, is refused."""
+    try:
+        fd = os.open(up, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        if missing_ok and isinstance(e, (FileNotFoundError, NotADirectoryError)):
+            return
+        if _mine(up):
+            raise UsageError(f"cannot lock {up}, on the way to {target}", e.strerror or str(e),
+                             "it is yours, and a run must hold it: give yourself read "
+                             "permission on it (a sandbox's payload may have taken it away)"
+                             ) from None
+        return
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) in own:
+        os.close(fd)
+        return
+    own.add((st.st_dev, st.st_ino))
+    fds.append(fd)
+    _lock(fd, fcntl.LOCK_SH, up, busy)
 
 
 def _mine(path: str) -> bool:
