@@ -285,3 +285,53 @@ def test_a_writable_path_that_is_a_link_is_refused_in_one_line(who: Identity, la
     assert r.stderr.count("\n") == 1, r.stderr
     ok = who.corral("agent", "--rw", str(target), "--", "/bin/true", cwd=lab.project)
     assert ok.returncode == 0, ok
+
+
+def _thread_masks(who: Identity, args: list[str], cwd: Path) -> dict[str, int]:
+    """Start corral, wait for its payload to print ``ready``, read every thread's blocked
+    signals (``SigBlk`` in /proc), end it: {thread id: mask}."""
+    import os
+    import signal
+    import subprocess
+
+    proc = subprocess.Popen([*who.prefix(), "-m", "corral", *args], env=who.environ(),
+                            cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the payload is running: every thread is started
+        assert line == b"ready\n", (line, proc.stderr.read() if proc.stderr else b"")
+        masks = {}
+        for tid in os.listdir(f"/proc/{proc.pid}/task"):
+            status = Path(f"/proc/{proc.pid}/task/{tid}/status").read_text()
+            masks[tid] = int(status.split("SigBlk:")[1].split()[0], 16)
+        return masks
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+
+
+@pytest.mark.parametrize("mode", ["run", "agent"])
+def test_corrals_own_threads_leave_every_signal_to_the_main_thread(
+        who: Identity, lab: Lab, mode: str) -> None:
+    """Python runs a signal's handler in the main thread only, once that thread wakes: a
+    signal the kernel gave one of corral's own threads waited for the payload's next output
+    (seen in CI: a terminal's resize never reached the payload).  So none of them takes one.
+    """
+    import signal
+
+    _runs_as(who, lab)
+    script = ["--", "/bin/sh", "-c", "echo ready; sleep 60"]
+    # run: a disk limit (its watch thread); agent, in the lab's git project: the live watch
+    # of its git directories.
+    args = ["run", "--disk", "64M", *script] if mode == "run" else ["agent", *script]
+    masks = _thread_masks(who, args, lab.project)
+    main = masks.pop(str(next(iter(sorted(masks, key=int)))))
+    assert masks, "no thread of corral's own was running"
+    wanted = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGWINCH,
+              signal.SIGCONT, signal.SIGUSR1, signal.SIGALRM, signal.SIGCHLD)
+    for tid, mask in masks.items():
+        assert all(mask & (1 << (sig - 1)) for sig in wanted), (tid, hex(mask))
+    # Control: the main thread, which takes them, blocks none of them (so the mask read is
+    # what the kernel uses, and a thread that takes a signal would show here).
+    assert not any(main & (1 << (sig - 1)) for sig in wanted), hex(main)

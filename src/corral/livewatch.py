@@ -18,7 +18,6 @@ import ctypes
 import errno
 import os
 import select
-import signal
 import struct
 import threading
 from collections.abc import Sequence
@@ -26,7 +25,7 @@ from types import TracebackType
 
 from . import fsops
 from .audit import Action
-from .errors import HostError, block_stopping
+from .errors import HostError, start_thread
 from .fswalk import remove
 
 __all__ = ["LiveWatch"]
@@ -68,8 +67,7 @@ class LiveWatch:
         for path, top, owner in self.gitdirs:
             self._add(libc, path, top, owner)
         self.stop_r, self.stop_w = os.pipe2(os.O_CLOEXEC)
-        self.thread = threading.Thread(target=self._serve, name="corral-livewatch", daemon=True)
-        self.thread.start()
+        self.thread = start_thread(self._serve, "corral-livewatch")
         return self
 
     def _add(self, libc: ctypes.CDLL, path: str, top: str, owner: tuple[int, int] | None
@@ -94,9 +92,6 @@ class LiveWatch:
         self.wds[wd] = (path, top, owner)
 
     def _serve(self) -> None:
-        # Signals are the main thread's to handle (and to hold back during the audit).
-        block_stopping()
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGWINCH})
         while True:
             ready, _, _ = select.select([self.fd, self.stop_r], [], [])
             stopping = self.stop_r in ready

@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from .errors import UsageError, block_stopping
+from .errors import UsageError, start_thread
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
@@ -83,9 +83,7 @@ class Watch:
         if self.disk_bytes is not None:
             self.baseline = self._baseline()
             self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            self.thread = threading.Thread(target=self._disk_loop, name="corral-disk-watch",
-                                           daemon=True)
-            self.thread.start()
+            self.thread = start_thread(self._disk_loop, "corral-disk-watch")
         self.next_cpu = time.monotonic() + MIN_INTERVAL_S
 
     def fileno(self) -> int | None:
@@ -161,7 +159,6 @@ class Watch:
                              "use a fresh workspace, or drop the disk limit") from None
 
     def _disk_loop(self) -> None:
-        block_stopping()  # the main thread's to handle, and to hold during the audit
         # The next check waits on the smaller of the last two costs: one slow walk (cold
         # caches, a busy neighbour) must not stretch the interval, and the overshoot with it.
         costs = (0.0, 0.0)

@@ -22,10 +22,10 @@ import asyncio
 import contextlib
 import ipaddress
 import socket
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from ..errors import start_thread
 from .account import Account
 from .local import LocalCheck
 from .rules import Code, Decision, IPAddress, Rules, parse_host
@@ -159,7 +159,7 @@ class Opener:
             async with asyncio.timeout(RESOLVE_TIMEOUT_S):
                 await slots.acquire()
                 try:
-                    threading.Thread(target=lookup, name="corral-resolve", daemon=True).start()
+                    start_thread(lookup, "corral-resolve")
                 except BaseException:
                     slots.release()
                     raise

@@ -44,7 +44,7 @@ import threading
 from types import TracebackType
 
 from ..bwrap import Sandbox
-from ..errors import LaunchError, block_stopping
+from ..errors import LaunchError, start_thread
 from ..policy import Network
 from ..record import Record, replace
 from . import forked
@@ -170,9 +170,8 @@ class Session:
             self.ours.close()
             self.log.close()
             return self
-        self.thread = threading.Thread(target=self._run, args=(self.ours, self.log),
-                                       name="corral-egress", daemon=True)
-        self.thread.start()  # from here on, ours and the log are the thread's to close
+        # From here on, ours and the log are the thread's to close.
+        self.thread = start_thread(self._run, "corral-egress", self.ours, self.log)
         return self
 
     def begin(self, record_dir: str | None) -> Session:
@@ -223,7 +222,6 @@ class Session:
         return f"the egress proxy failed ({what}); no connection was relayed after that"
 
     def _run(self, ours: _socket.socket, log: DecisionLog) -> None:
-        block_stopping()  # the main thread's; the resolver threads started here inherit it
         try:
             self._serve(ours, log)
         except BaseException as e:  # kept for close() and the record: never a silent death

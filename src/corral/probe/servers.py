@@ -18,7 +18,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..errors import block_stopping
+from ..errors import start_thread
 
 __all__ = ["SERVERS", "Listeners"]
 
@@ -66,13 +66,10 @@ class Listeners:
                 sock.setblocking(False)  # two threads may try the same accept(): one gets EAGAIN
                 self.sockets[name] = sock
         self.wake_r, self.wake_w = socket.socketpair()
-        self.thread = threading.Thread(target=self._serve, name="corral-probe-canaries",
-                                       daemon=True)
-        self.thread.start()
+        self.thread = start_thread(self._serve, "corral-probe-canaries")
         return {name: s.getsockname()[1] for name, s in self.sockets.items()
                 if s.family in (socket.AF_INET, socket.AF_INET6)}
     def _serve(self) -> None:
-        block_stopping()  # the main thread's to handle
         with selectors.DefaultSelector() as sel:
             for name, sock in self.sockets.items():
                 sel.register(sock, selectors.EVENT_READ, name)
