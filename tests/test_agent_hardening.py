@@ -26,12 +26,14 @@ def _commit(path: Path) -> None:
     git(path, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
 
 
-def test_a_commondir_planted_in_git_is_removed(who: Identity, lab: Lab) -> None:
-    plant = "echo ../.cache/c > .git/commondir && echo WROTE"
+def test_a_commondir_cannot_be_planted_in_git(who: Identity, lab: Lab) -> None:
+    plant = "cat .git/commondir; (echo ../.cache/c > .git/commondir) 2>/dev/null && echo WROTE;" \
+            " true"
     r = agent(who, lab, plant)
-    assert r.returncode == 0 and "WROTE" in r.stdout  # it was written inside...
-    assert not (lab.project / ".git" / "commondir").exists()  # ...and undone (at once)
-    assert "removed" in r.stderr and "commondir" in r.stderr
+    # Corral's read-only placeholder, naming the git directory itself, is there...
+    assert r.returncode == 0 and r.stdout == ".\n", r
+    assert not (lab.project / ".git" / "commondir").exists()  # ...and gone after the run
+    assert "quarantined" not in r.stderr and "removed" not in r.stderr, r.stderr
     # Control: the naive sandbox leaves it, and the host's git would obey it.
     naive(who, lab, plant)
     assert (lab.project / ".git" / "commondir").exists()

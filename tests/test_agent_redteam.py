@@ -784,3 +784,45 @@ def test_dev_is_read_only_at_the_mount(who: Identity, lab: Lab) -> None:
     # Negative control: the seed's sandbox, as the same identity, takes the chmod.
     ctl = naive(who, lab, "chmod 0777 /dev && stat -c %a /dev")
     assert ctl.returncode == 0 and ctl.stdout == "777\n", ctl
+
+
+# --- review 8: a commondir made in a submodule's git directory while the agent runs ------
+
+SUB_PLANT = ("cp -a .git/modules/sub evil && printf '[core]\\n\\tfsmonitor = \"echo RAN >> "
+             "{marker}; false\"\\n' >> evil/config && (echo ../../../evil > c.tmp && "
+             "mv -f c.tmp .git/modules/sub/commondir) 2>/dev/null && echo WROTE; "
+             "cat .git/modules/sub/commondir; rm -f c.tmp")
+
+
+def test_no_commondir_appears_in_a_submodules_git_directory(who: Identity, lab: Lab) -> None:
+    """The live watch followed main git directories only: a ``commondir`` made in
+    ``.git/modules/sub`` sent host git, recursing into the submodule, to the payload's
+    config, whose ``core.fsmonitor`` ran while the agent still ran (review 8).  Every git
+    directory now has one, read-only: the git directory itself, where there was none."""
+    origin = lab.project.parent / f"origin-{uuid.uuid4().hex[:8]}"
+    for cmd in (["init", "-q", str(origin)],
+                ["-C", str(origin), "commit", "-q", "--allow-empty", "-m", "o"],
+                ["-C", str(lab.project), "-c", "protocol.file.allow=always", "submodule",
+                 "add", "-q", str(origin), "sub"],
+                ["-C", str(lab.project), "commit", "-q", "-m", "sub"]):
+        subprocess.run(["git", "-c", "user.name=u", "-c", "user.email=u@example.invalid",
+                        "-c", "safe.directory=*", *cmd], check=True, capture_output=True)
+    lab.own(lab.project, origin)
+    marker = who.tmp / f"fsmonitor-{uuid.uuid4().hex[:8]}"
+    plant = SUB_PLANT.format(marker=marker)
+    try:
+        r = agent(who, lab, plant)
+        assert "WROTE" not in r.stdout and r.stdout.endswith(".\n"), r  # the placeholder
+        assert not (lab.project / ".git/modules/sub/commondir").exists(), r.stderr
+        st = _host_git(who, lab.project, "status", "--short")
+        assert st.returncode == 0 and not marker.exists(), st
+        shutil.rmtree(lab.project / "evil")
+        # Control: under the naive sandbox the commondir is made, and host git runs the
+        # payload's fsmonitor from inside the submodule.
+        ctl = naive(who, lab, plant)
+        assert "WROTE" in ctl.stdout, ctl
+        _host_git(who, lab.project, "status", "--short")
+        assert marker.exists() and "RAN" in marker.read_text()
+    finally:
+        shutil.rmtree(origin, ignore_errors=True)
+        marker.unlink(missing_ok=True)

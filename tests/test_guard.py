@@ -200,9 +200,9 @@ def test_a_repository_split_across_parts_is_still_one(tmp_path: Path,
     _tree(tmp_path, {"backup/HEAD": "ref: refs/heads/main\n", "backup/config": "",
                      "backup/objects/x": "", "backup/refs/heads/x": "", "backup/a": "",
                      "backup/b": "", "backup/c": ""})
+    with fsops.Tree(str(tmp_path)) as tree:  # (before the scan makes its placeholders)
+        parts = [{e.name for e in part} for part in tree.scandir_chunks("backup", size=2)]
+    assert len(parts) > 2 and not any(repos.is_git_dir(p) for p in parts)
     monkeypatch.setattr(discover, "SCAN_CHUNK", 2)
     found = {(os.path.relpath(f.path, tmp_path), f.action) for f in scan(tmp_path)}
     assert ("backup/config", "protect") in found and ("backup/hooks", "protect") in found
-    with fsops.Tree(str(tmp_path)) as tree:
-        parts = [{e.name for e in part} for part in tree.scandir_chunks("backup", size=2)]
-    assert len(parts) > 2 and not any(repos.is_git_dir(p) for p in parts)

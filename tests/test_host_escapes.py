@@ -309,9 +309,12 @@ def test_the_init_checks_every_component_and_cgroups_are_hidden(who: Identity, l
 
 # --- principle 4: the audit, on every exit path, and the live watch --------------------
 
-def test_a_commondir_planted_during_the_run_is_removed_at_once(who: Identity, lab: Lab
-                                                              ) -> None:
-    plant = "echo ../elsewhere > .git/commondir; echo PLANTED; sleep 20"
+def test_no_commondir_can_appear_while_the_run_lives(who: Identity, lab: Lab) -> None:
+    """Host git (a prompt, an editor) reads a commondir the moment it appears: none can be
+    made, however it is written, while the agent runs."""
+    plant = ("for i in 1 2 3; do (echo ../elsewhere > .git/c.tmp && mv -f .git/c.tmp "
+             ".git/commondir) 2>/dev/null && echo WROTE; (echo ../x > .git/commondir) "
+             "2>/dev/null && echo WROTE; rm -f .git/c.tmp; done; echo PLANTED; sleep 20")
     proc = subprocess.Popen([*who.prefix(), "-m", "corral", "agent", "--", "/bin/sh", "-c",
                              plant], cwd=lab.project, env=who.environ(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -319,18 +322,16 @@ def test_a_commondir_planted_during_the_run_is_removed_at_once(who: Identity, la
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "PLANTED"
-        deadline = time.monotonic() + 5
-        while commondir.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert not commondir.exists(), "still there while the agent runs"
-        assert proc.poll() is None  # removed during the run, not after it
+        assert commondir.read_text() == ".\n"  # corral's placeholder: the git dir itself
+        assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 128 + signal.SIGTERM and "removed" in err, err
-    # Control: the naive sandbox leaves it, and the host's git obeys it.
-    naive(who, lab, "echo ../elsewhere > .git/commondir")
-    assert commondir.exists()
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert not commondir.exists()  # the placeholder is gone with the run
+    # Control: the naive sandbox writes it, and the host's git obeys it.
+    ctl = naive(who, lab, "echo ../elsewhere > .git/commondir && echo WROTE")
+    assert "WROTE" in ctl.stdout and commondir.read_text() == "../elsewhere\n"
     commondir.unlink()
 
 

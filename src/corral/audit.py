@@ -23,7 +23,8 @@ exception in corral's own supervision), :func:`audit` walks the trees again:
   (:mod:`corral.gitredirect`) go to the quarantine (a packed-refs keeps its other refs);
 * a set-user-ID or set-group-ID bit set during the run is cleared;
 * a ``.git`` that is neither a plain folder nor a plain file goes to the quarantine;
-* the placeholders corral made are removed.
+* the placeholders corral made are removed (first: a placeholder ``commondir``, naming its
+  own git directory, is not a plant).
 
 "During the run" is the inode's change time, which only the kernel sets: a payload cannot
 make what it changed look older.  The quarantine is ``RUNS/<run-id>/quarantine``.
@@ -269,9 +270,10 @@ class Auditor:
 
     def run(self) -> list[Action]:
         try:
+            # Corral's own first: a placeholder commondir is not a plant in a git directory.
+            self._placeholders()
             for top, owner in self.census.trees:
                 self._tree(top, owner)
-            self._placeholders()
             self.actions += [Action(e.filename or "?", "failed", "the audit could not look "
                                     f"inside it ({e.strerror})") for e in self.errors]
         finally:
@@ -480,6 +482,8 @@ class Auditor:
                                            f"from the launch ({e.strerror})"))
 
     def _placeholders(self) -> None:
+        from .repos import SELF_COMMONDIR
+
         for path, dev, ino in self.census.placeholders:
             held = next(((t, o) for t, o in self.census.trees
                          if path.startswith(t.rstrip("/") + "/")), None)
@@ -490,7 +494,8 @@ class Auditor:
                     rel = os.path.relpath(path, held[0])
                     st = tree.lstat(rel)
                     if st is not None and (st.st_dev, st.st_ino) == (dev, ino) and \
-                            st.st_size == 0 and stat.S_ISREG(st.st_mode):
+                            stat.S_ISREG(st.st_mode) and (st.st_size == 0 or tree.read(
+                                rel, len(SELF_COMMONDIR)) == SELF_COMMONDIR):
                         tree.unlink(rel)
             except OSError as e:
                 if e.errno != errno.ENOENT:

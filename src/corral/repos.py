@@ -20,7 +20,9 @@ worktree git directories.  For each:
   submodule or worktree git directory can appear; existing ones are pinned writable with
   their own control files read-only;
 * ``commondir`` (which would redirect git to another config and hooks) is refused in a
-  main git directory before launch (:mod:`corral.audit` removes one created meanwhile);
+  main git directory before launch, and read-only in the others; where there is none, a
+  read-only placeholder naming the git directory itself (``.``, which git reads as no
+  commondir) keeps one from being created while the run lives;
 * a control file that is not a plain file or folder (a FIFO), is too large to read, has
   other hard links, or a config git itself could not parse, is refused.
 
@@ -48,6 +50,7 @@ __all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "gather", "git_findings", "git
            "global_config", "global_paths", "holds_git_dir", "hook_folders", "is_git_dir",
            "protect", "valid_head"]
 
+SELF_COMMONDIR = b".\n"  # the placeholder commondir: the git directory itself (_own_commondir)
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
 CREATED = ("hooks", "modules", "worktrees")  # made to exist, so that they can be read-only
 NESTED = ("modules", "worktrees")  # the git directories of submodules and worktrees
@@ -132,10 +135,16 @@ def git_findings(scope: Scope, tree: fsops.Tree, gitdir: str, worktree: str,
     is false for submodule and worktree git directories, whose ``commondir`` is
     legitimate (and then read-only)."""
     yield Finding(tree.path(gitdir), "pin", "dir", GITDIR if main else LINKED)
-    if main and tree.lstat(f"{gitdir}/commondir") is not None:
-        raise _refuse(tree.path(f"{gitdir}/commondir"), "exists in a main git directory",
+    commondir = f"{gitdir}/commondir"
+    st = tree.lstat(commondir)
+    if st is None or _own_commondir(tree, commondir, st):
+        yield _commondir_placeholder(scope, tree, commondir, st is None)
+    elif main:
+        raise _refuse(tree.path(commondir), "exists in a main git directory",
                       "git would take its config and hooks from wherever it points")
-    names = (*CONTROL, "modules", "worktrees") + (() if main else ("commondir", "gitdir"))
+    elif (found := _control(scope, tree, commondir, "git runs or obeys it on the host")):
+        yield found  # a submodule's or worktree's own: legitimate, and read-only
+    names = (*CONTROL, "modules", "worktrees") + (() if main else ("gitdir",))
     for name in names:
         found = _control(scope, tree, f"{gitdir}/{name}", "git runs or obeys it on the host")
         if found is not None:
@@ -155,6 +164,29 @@ def git_findings(scope: Scope, tree: fsops.Tree, gitdir: str, worktree: str,
         entries += more
         yield from included
     yield from _named(scope, [*scope.inherited, *entries], worktree)
+
+
+def _commondir_placeholder(scope: Scope, tree: fsops.Tree, rel: str, make: bool) -> Finding:
+    """A read-only ``commondir`` where there is none, naming the git directory itself.
+
+    One created while the run lives would send the host's git (a prompt or an editor
+    polling ``git status``, into submodules too) to a config and hooks of the payload's:
+    the live watch removes it, but not before git may read it (seen by review 8, in a
+    submodule's git directory, which it did not watch).  Git reads ``.`` as no commondir at
+    all; an empty file would make it fail.  Removed after the run, like every placeholder;
+    one left by a run whose audit never came is taken as corral's again."""
+    why = "a commondir made there would send git to another config and hooks"
+    if make and not scope.create:
+        return Finding(tree.path(rel), "protect", "file", why, origin="planned")
+    if make:
+        tree.write_new(rel, SELF_COMMONDIR)
+    return Finding(tree.path(rel), "protect", "file", why, origin="placeholder")
+
+
+def _own_commondir(tree: fsops.Tree, rel: str, st: os.stat_result) -> bool:
+    """Whether the ``commondir`` there is one of corral's placeholders (``.``)."""
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and \
+        st.st_size == len(SELF_COMMONDIR) and tree.read(rel, st.st_size) == SELF_COMMONDIR
 
 
 def _worktree_config(entries: list[tuple[str, str | None]]) -> bool:
