@@ -211,3 +211,67 @@ def test_a_runs_directory_inside_the_workspace_is_refused(who: Identity) -> None
     ok = who.corral("run", "--workspace", str(ws), "--runs-dir", str(who.tmp / "runs-beside"),
                     "--", "/bin/true")
     assert ok.returncode == 0, ok
+
+
+def _secret(who: Identity) -> tuple[Path, str]:
+    """A folder of the identity's own that no sandbox of its sees, with a file inside."""
+    secret = who.chown(_made(who.tmp / "private"))
+    words = f"SECRET-{os.urandom(6).hex()}"
+    (secret / "config").write_text(words + "\n")
+    who.chown(secret / "config")
+    (secret / "config").chmod(0o600)
+    secret.chmod(0o700)
+    return secret, words
+
+
+def test_a_chain_of_links_through_another_runs_tree_is_refused(who: Identity) -> None:
+    """Review 8: ``L -> T/out``, and T's live payload made ``T/out -> private``.  The lock
+    held the folders of ``realpath(L)`` only, not T, whose link the chain went through, so
+    a root launch copied the private file in for its payload (uid 65534) to read.  Now every
+    folder a name is looked up in on the way is held.  Control: once T's run is over, the
+    same input is copied (a path the user chose, with no sandbox live in it)."""
+    tree = who.chown(_made(who.tmp / "T"))
+    secret, words = _secret(who)
+    link = who.tmp / "L"
+    link.symlink_to(tree / "out")
+    read = ("run", "--input", f"{link}/config", "--", "/bin/cat", "/work/config")
+    with _running(who, tree / "started", "run", "--workspace", str(tree), "--", "/bin/sh",
+                  "-c", f"ln -s {secret} /work/out; : > /work/started; sleep 30"):
+        r = who.corral(*read)
+        assert r.returncode == 125 and words not in r.stdout, r
+        assert f"is read through {tree}, which another corral run's sandbox writes" \
+            in r.stderr, r.stderr
+    (tree / "started").unlink()
+    _eventually(who, *read)
+    assert who.corral(*read).stdout == words + "\n"
+
+
+def test_an_input_through_another_runs_fresh_workspace_is_refused(who: Identity) -> None:
+    """Review 8: a fresh workspace (``RUNS/<id>/work``) was held by no lock, so an input by
+    a path through it followed whatever link its live payload made there.  Now a run holds
+    its own folder while it lives.  Control: once that run is over, the same input is
+    copied.  (The profile has no disk limit: with one, root's fresh workspace is an image
+    the host does not see into while the run lives.)"""
+    profile = who.tmp / "nodisk.toml"
+    profile.write_text('description = "no disk limit"\n[limits]\ntimeout = "5m"\n')
+    secret, words = _secret(who)
+    runs = who.tmp / "runs"
+    proc = subprocess.Popen([*who.prefix(), "-m", "corral", "run", "--profile", str(profile),
+                             "--", "/bin/sh", "-c", f"ln -s {secret} /work/out; "
+                             ": > /work/started; sleep 30"], env=who.environ(), cwd=who.tmp,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (started := list(runs.glob("*/work/started"))):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        work = started[0].parent
+        read = ("run", "--input", f"{work}/out/config", "--", "/bin/cat", "/work/config")
+        r = who.corral(*read)
+        assert r.returncode == 125 and words not in r.stdout, r
+        assert "which another corral run's sandbox writes" in r.stderr, r.stderr
+    finally:
+        proc.kill()
+        proc.communicate()
+    _eventually(who, *read)
+    assert who.corral(*read).stdout == words + "\n"

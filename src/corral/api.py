@@ -212,45 +212,47 @@ def _run_command(argv: Sequence[str], policy: Policy, workspace_dir: str | None,
     run_dir, (uid, gid) = prepare(policy, workspace_dir=workspace_dir,
                                   inputs=inputs if disk_why is not None else (),
                                   runs_dir=runs_dir, facts=facts, own_workspace=own_workspace)
-    image = None
-    if disk_why is None:
-        image, disk_why = _stage(run_dir, policy, later, (uid, gid))
-    sb = resolve.resolve_run(policy, list(argv), facts, run_dir.workspace, uid, gid, env,
-                             init=init)
-    before = {} if run_dir.fresh else workspace.snapshot(run_dir.workspace)
-    owner = (uid, gid) if facts.is_root else None
-    names = audit.protected_names(policy.protect)
-    census = audit.Census(((run_dir.workspace, owner),), names) if run_dir.fresh else \
-        audit.census_of_tree(run_dir.workspace, owner, names)
-    record: dict[str, Any] = {
-        "run_id": run_dir.run_id, "command": list(argv), "profile": policy.name,
-        "workspace": run_dir.workspace, "uid": uid, "gid": gid, "init": _init_name(sb),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
-    }
-    workspace.write_record(run_dir.record_path, record)
-    actions: list[audit.Action] = []
-    exported: dict[str, object] = {}
-    try:
-        with audit.audited(census, workspace.quarantine(run_dir.root), actions):
-            try:
-                limited, denials, record["egress_log"] = _execute(
-                    sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace,
-                    run_dir.root, capture, stdin, image, disk_why)
-            finally:  # every exit path: the run's files land in RUNS/<id>/work
-                if image is not None:
-                    with audit.signals_held():  # a signal now must not cut the copy short
-                        exported = enforce.release_image(image, run_dir.workspace)
-            changes, cut = workspace.collect(run_dir.workspace, before)
-    except BaseException as e:
-        raise _unwound(e, {**record, **_left(run_dir, before), "limits": exported},
-                       run_dir.record_path, actions) from None
-    result = _result(limited, denials, cg_plan, actions, workspace=run_dir.workspace,
-                     record=run_dir.record_path, run_id=run_dir.run_id,
-                     changes=tuple(changes), changes_truncated=cut)
-    record.update(result.to_json(), limits={**limited.record, **exported})
-    record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    workspace.write_record(run_dir.record_path, record)
-    return result
+    # The run's own folder is held while it lives, like any tree a sandbox writes.
+    with workspace.claimed(run_dir.root):
+        image = None
+        if disk_why is None:
+            image, disk_why = _stage(run_dir, policy, later, (uid, gid))
+        sb = resolve.resolve_run(policy, list(argv), facts, run_dir.workspace, uid, gid, env,
+                                 init=init)
+        before = {} if run_dir.fresh else workspace.snapshot(run_dir.workspace)
+        owner = (uid, gid) if facts.is_root else None
+        names = audit.protected_names(policy.protect)
+        census = audit.Census(((run_dir.workspace, owner),), names) if run_dir.fresh else \
+            audit.census_of_tree(run_dir.workspace, owner, names)
+        record: dict[str, Any] = {
+            "run_id": run_dir.run_id, "command": list(argv), "profile": policy.name,
+            "workspace": run_dir.workspace, "uid": uid, "gid": gid, "init": _init_name(sb),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
+        }
+        workspace.write_record(run_dir.record_path, record)
+        actions: list[audit.Action] = []
+        exported: dict[str, object] = {}
+        try:
+            with audit.audited(census, workspace.quarantine(run_dir.root), actions):
+                try:
+                    limited, denials, record["egress_log"] = _execute(
+                        sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace,
+                        run_dir.root, capture, stdin, image, disk_why)
+                finally:  # every exit path: the run's files land in RUNS/<id>/work
+                    if image is not None:
+                        with audit.signals_held():  # a signal now must not cut the copy short
+                            exported = enforce.release_image(image, run_dir.workspace)
+                changes, cut = workspace.collect(run_dir.workspace, before)
+        except BaseException as e:
+            raise _unwound(e, {**record, **_left(run_dir, before), "limits": exported},
+                           run_dir.record_path, actions) from None
+        result = _result(limited, denials, cg_plan, actions, workspace=run_dir.workspace,
+                         record=run_dir.record_path, run_id=run_dir.run_id,
+                         changes=tuple(changes), changes_truncated=cut)
+        record.update(result.to_json(), limits={**limited.record, **exported})
+        record["ended"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        workspace.write_record(run_dir.record_path, record)
+        return result
 
 
 def _init_name(sb: Sandbox) -> str:

@@ -123,6 +123,24 @@ def input_bytes(inputs: Sequence[str]) -> int:
     return total
 
 
+MAX_LINKS = 40  # as the kernel: past it, ELOOP
+
+
+@contextlib.contextmanager
+def claimed(run_root: str) -> Iterator[None]:
+    """A run's own new folder (``RUNS/<id>``, its fresh workspace inside), held exclusively
+    while the run lives: a launch reading through it (an ``--input`` by a path that leads
+    into another run's live workspace) is refused as one through any tree a sandbox writes
+    (review 8 read a host secret in, through a plain user's fresh workspace)."""
+    fd = os.open(run_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _lock(fd, fcntl.LOCK_EX, run_root, f"{run_root} is being read by another corral "
+              "run")
+        yield
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]:
     """The host trees one run's sandbox will write, held against every other corral run
@@ -151,8 +169,8 @@ def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]
     try:
         own: set[tuple[int, int]] = set()
         trees: list[str] = []
-        for given in paths:
-            tree = os.path.realpath(given)
+        ways = [_walk(given) for given in paths]
+        for given, (tree, _) in zip(paths, ways, strict=True):
             try:
                 fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             except OSError as e:
@@ -172,13 +190,13 @@ def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]
             raise UsageError(f"{given} changed while it was being locked",
                              "a link on its way points elsewhere now",
                              "name the folder itself, by a path no sandbox can write")
-        for given, tree in zip(paths, trees, strict=True):
-            for up in _on_the_way(given, tree):
+        for tree, folders in ways:
+            for up in folders:
                 _share(up, tree, own, fds, f"{up}, on the way to {tree}, is in use by "
                        "another corral run", missing_ok=False)
         for given in reads:
-            real = os.path.realpath(given)
-            for up in [*_on_the_way(given, real), *([real] if os.path.isdir(real) else [])]:
+            real, folders = _walk(given)
+            for up in [*folders, *([real] if os.path.isdir(real) else [])]:
                 _share(up, given, own, fds, f"{given} is read through {up}, which another "
                        "corral run's sandbox writes", missing_ok=True)
         yield trees
@@ -191,32 +209,51 @@ def check_runs_apart(runs_dir: str, trees: Sequence[str]) -> None:
     """The runs directory never inside a tree a sandbox of this run writes: the launcher
     writes the record and moves what the audit quarantines there by path, and the payload
     could swap a link in (it sent a run's quarantine and record out of the project)."""
-    runs = os.path.realpath(runs_dir)
+    runs, folders = _walk(runs_dir)
     for tree in trees:
         top = os.path.realpath(tree)
-        if runs == top or runs.startswith(top.rstrip("/") + "/"):
+        # Through a link in the tree too (review 8): the payload could repoint it.
+        if any(p == top or p.startswith(top.rstrip("/") + "/") for p in [runs, *folders]):
             raise UsageError(f"the runs directory {runs_dir} is inside {tree}, which the "
                              "sandbox writes", "corral writes records and moves quarantined "
                              "files there", "choose another (--runs-dir or CORRAL_RUNS_DIR)")
 
 
-def _on_the_way(given: str, tree: str) -> list[str]:
-    """Every folder the path ``given`` passes through to ``tree`` (its resolution): the
-    folders above the tree, and for each leading part of ``given`` the folder it names
-    and the folders above that (a link's own folder, then its target's)."""
-    plain = os.path.abspath(given)
-    parts = plain.split("/")[1:-1]
-    starts = [tree] + (["/" + "/".join(parts[:i]) for i in range(len(parts), 0, -1)]
-                       if plain != tree else [])  # no link on the way: the folders above
-    found: dict[str, None] = {}
-    for start in starts:
-        here = os.path.realpath(start)
-        if start != tree:
-            found[here] = None
-        while here != "/":
+def _walk(given: str) -> tuple[str, list[str]]:
+    """``given`` resolved as the kernel resolves it, one name at a time, and every folder
+    a name was looked up in on the way there: the folders above it, each link's folder,
+    and every folder its target passes through.  A sandbox that writes any of them could
+    send the path elsewhere; :func:`os.path.realpath` names only where the path ends up
+    (review 8: a link to a link another run's sandbox made, in its live workspace).  The
+    folders come out closed upwards (each one's are there too).  A part that is missing
+    or cannot be looked at ends the walk: what is beyond names nothing yet."""
+    rest = given if given.startswith("/") else os.path.join(os.getcwd(), given)
+    todo = [p for p in rest.split("/") if p]
+    here, links, folders = "/", 0, {"/": None}
+    while todo:
+        part = todo.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
             here = os.path.dirname(here)
-            found[here] = None
-    return list(found)
+            continue
+        folders[here] = None
+        nxt = os.path.join(here, part)
+        try:
+            st = os.lstat(nxt)
+        except OSError:
+            return os.path.join(nxt, *todo), list(folders)
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise UsageError(f"{given} goes through more than {MAX_LINKS} symbolic "
+                                 "links", "", "name the folder itself")
+            target = os.readlink(nxt)
+            todo = [p for p in target.split("/") if p] + todo
+            here = "/" if target.startswith("/") else here
+            continue
+        here = nxt
+    return here, list(folders)
 
 
 def _share(up: str, target: str, own: set[tuple[int, int]], fds: list[int], busy: str,
@@ -349,7 +386,19 @@ def _copy(src: str, tree: fsops.Tree, rel: str) -> None:
     swapped in beneath is copied as a link, never read through (review 7; the folders on
     the way are held by :func:`held`)."""
     parent, name = os.path.split(src.rstrip("/") or "/")
-    dirfd = os.open(parent or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    # The folder as resolved under held(), then opened from / without following a link:
+    # one swapped in since (by a writer no lock keeps out) fails the copy, never leads it
+    # elsewhere (review 8).
+    resolved, _ = _walk(parent or ".")
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        dirfd = fsops.open_beneath(root, resolved.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise UsageError(f"input {src} changed while it was copied", e.strerror or str(e),
+                         "copy it again when nothing else writes the folders on its way"
+                         ) from None
+    finally:
+        os.close(root)
     try:
         _copy_at(dirfd, name, src, tree, rel)
     finally:
