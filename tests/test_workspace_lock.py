@@ -275,3 +275,30 @@ def test_an_input_through_another_runs_fresh_workspace_is_refused(who: Identity)
         proc.communicate()
     _eventually(who, *read)
     assert who.corral(*read).stdout == words + "\n"
+
+
+def test_a_link_swapped_in_after_the_path_was_settled_fails_the_copy(tmp_path: Path) -> None:
+    """What no lock keeps out (a writer of corral's copies of an agent's state) can still
+    swap a link in between the resolution under the locks and the copy: the copy opens the
+    folder as resolved, from / with no link followed, so it fails and reads nothing.
+    Control: left alone, the same settled path is copied."""
+    from corral import fsops, workspace
+    from corral.errors import UsageError
+
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "config").write_text("mine\n")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "config").write_text("SECRET\n")
+    (tmp_path / "via").symlink_to(tmp_path / "real")
+    (tmp_path / "out").mkdir()
+    src = workspace.settled(str(tmp_path / "via" / "config"))
+    assert src == str(tmp_path / "real" / "config")
+    with fsops.Tree(str(tmp_path / "out")) as tree:
+        workspace.copy_in(tree, src)  # control
+        assert (tmp_path / "out" / "config").read_text() == "mine\n"
+        (tmp_path / "out" / "config").unlink()
+        (tmp_path / "real").rename(tmp_path / "real.old")
+        (tmp_path / "real").symlink_to(tmp_path / "elsewhere")
+        with pytest.raises(UsageError, match="changed while it was copied"):
+            workspace.copy_in(tree, src)
+    assert not (tmp_path / "out" / "config").exists()

@@ -194,6 +194,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     # directory (review 7).
     reads = [*inputs, *(policy.read_only if policy is not None else ()), runs]
     with workspace.held([workspace_dir] if workspace_dir else [], reads) as trees:
+        inputs = [workspace.settled(p) for p in workspace.check_inputs(inputs)]
         return _run_command(argv, policy or Policy(), trees[0] if trees else None, inputs,
                             capture, stdin, env, runs_dir, own_workspace)
 

@@ -219,6 +219,14 @@ def check_runs_apart(runs_dir: str, trees: Sequence[str]) -> None:
                              "files there", "choose another (--runs-dir or CORRAL_RUNS_DIR)")
 
 
+def settled(path: str) -> str:
+    """``path`` (absolute) with its folder resolved, links followed, and its own name kept
+    (a link there is copied as one): taken while held() holds it, it is where the path led
+    under the locks, and what the copy opens with no link followed (:func:`copy_in`)."""
+    parent, name = os.path.split(path.rstrip("/"))
+    return os.path.join(_walk(parent or "/")[0], name)
+
+
 def _walk(given: str) -> tuple[str, list[str]]:
     """``given`` resolved as the kernel resolves it, one name at a time, and every folder
     a name was looked up in on the way there: the folders above it, each link's folder,
@@ -386,13 +394,12 @@ def _copy(src: str, tree: fsops.Tree, rel: str) -> None:
     swapped in beneath is copied as a link, never read through (review 7; the folders on
     the way are held by :func:`held`)."""
     parent, name = os.path.split(src.rstrip("/") or "/")
-    # The folder as resolved under held(), then opened from / without following a link:
-    # one swapped in since (by a writer no lock keeps out) fails the copy, never leads it
-    # elsewhere (review 8).
-    resolved, _ = _walk(parent or ".")
+    # Its folder as resolved under held()'s locks (settled), opened from / without
+    # following a link: one swapped in since, by a writer no lock keeps out, fails the
+    # copy, never leads it elsewhere (review 8).
     root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        dirfd = fsops.open_beneath(root, resolved.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY)
+        dirfd = fsops.open_beneath(root, parent.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
         raise UsageError(f"input {src} changed while it was copied", e.strerror or str(e),
                          "copy it again when nothing else writes the folders on its way"
