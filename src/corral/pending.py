@@ -175,9 +175,22 @@ def recover(runs_dir: str, writable: Sequence[str]) -> list[Action]:
     where :func:`owe` writes nothing): a payload could have put a census there naming
     another repository, or a live run's id (found by review)."""
     runs = os.path.realpath(runs_dir)
-    folder = os.path.join(runs, PENDING)
     if _inside(runs, [os.path.realpath(w) for w in writable]):
         return []
+    from . import workspace
+
+    # What is read and written here by path is where no live sandbox writes (review 8: a
+    # runs directory inside another live run's tree got root's reads and moves before
+    # the launch's own hold refused it).
+    try:
+        with workspace.held([], [runs]):
+            return _recover(runs)
+    except UsageError:
+        return []  # the launch's own hold of the runs directory refuses it, in its words
+
+
+def _recover(runs: str) -> list[Action]:
+    folder = os.path.join(runs, PENDING)
     try:
         names = sorted(n for n in os.listdir(folder) if n.endswith(".json")
                        and is_run_id(n[:-len(".json")]))
