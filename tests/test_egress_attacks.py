@@ -351,11 +351,12 @@ print(json.dumps({"cpu": after.ru_utime + after.ru_stime - before.ru_utime - bef
 
 
 def cpu_bound(run: dict[str, object]) -> float:
-    """What the launcher may spend: no more than the run itself (measured 0.4 of it with
-    the bounds and 1.9 without on an idle machine; 1.09 with the bounds once, in CI, with
-    the two cores at load average 16), plus half a second for starting and supervising."""
+    """What the launcher may spend: twice the run's own CPU time, plus half a second for
+    starting and supervising.  Measured on this 2-core machine (2026-12-02, one other test
+    session running): 1.1 to 1.3 times the run's CPU with the bounds, 4.1 without; CI failed
+    a bound of 1.0 at 1.26, with the load average at 14."""
     assert isinstance(run["cpu_s"], float) and run["cpu_s"] > 0.5, run
-    return 0.5 + 1.0 * run["cpu_s"]
+    return 0.5 + 2.0 * run["cpu_s"]
 
 
 def test_trickled_heads_cost_the_launcher_a_bounded_amount_of_cpu(who: Identity) -> None:
@@ -376,6 +377,8 @@ def test_trickled_heads_cost_the_launcher_a_bounded_amount_of_cpu(who: Identity)
     unbounded = launcher_cpu("unbounded")
     assert isinstance(unbounded["cpu"], float)
     assert unbounded["cpu"] > cpu_bound(unbounded), (bounded, unbounded)
+    # And paired, in one test: the bounds at least halve what the launcher spends.
+    assert bounded["cpu"] < 0.5 * unbounded["cpu"], (bounded, unbounded)
 
 
 def _python(who: Identity) -> list[str]:
