@@ -826,3 +826,46 @@ def test_no_commondir_appears_in_a_submodules_git_directory(who: Identity, lab: 
     finally:
         shutil.rmtree(origin, ignore_errors=True)
         marker.unlink(missing_ok=True)
+
+
+# --- review 9: a linked worktree's config.worktree made while the agent runs -------------
+
+WT_PLANT = ("printf '[core]\\n\\tfsmonitor = \"echo RAN >> {marker}; false\"\\n' > "
+            ".git/worktrees/{name}/config.worktree 2>/dev/null && echo WROTE; true")
+
+
+def test_no_config_worktree_appears_in_a_linked_worktrees_git_directory(
+        who: Identity, lab: Lab) -> None:
+    """``extensions.worktreeConfig`` (``git sparse-checkout init`` sets it) lives in the
+    common config, so the launch, reading the worktree's git directory alone, made no
+    placeholder there: the payload wrote ``config.worktree`` and host git in the worktree
+    ran its fsmonitor while the agent ran (review 9).  Every submodule and worktree git
+    directory now gets an empty read-only one."""
+    name = f"wt-{uuid.uuid4().hex[:8]}"
+    worktree = lab.project.parent / name
+    (lab.project / "f").write_text("f\n")
+    for cmd in (["add", "f"], ["commit", "-q", "-m", "f"],
+                ["config", "extensions.worktreeConfig", "true"],
+                ["worktree", "add", "-q", str(worktree)]):
+        subprocess.run(["git", "-c", "user.name=u", "-c", "user.email=u@example.invalid",
+                        "-c", "safe.directory=*", "-C", str(lab.project), *cmd], check=True,
+                       capture_output=True)
+    lab.own(lab.project, worktree)
+    marker = who.tmp / f"fsmonitor-{uuid.uuid4().hex[:8]}"
+    plant = WT_PLANT.format(marker=marker, name=name)
+    config_worktree = lab.project / ".git" / "worktrees" / name / "config.worktree"
+    try:
+        r = agent(who, lab, plant)
+        assert r.returncode == 0 and "WROTE" not in r.stdout, r
+        assert not config_worktree.exists(), r.stderr  # the placeholder went with the run
+        st = _host_git(who, worktree, "status", "--short")
+        assert st.returncode == 0 and not marker.exists(), st
+        # Control: under the naive sandbox it is written, and host git in the worktree
+        # runs the payload's fsmonitor.
+        ctl = naive(who, lab, plant)
+        assert "WROTE" in ctl.stdout, ctl
+        _host_git(who, worktree, "status", "--short")
+        assert marker.exists() and "RAN" in marker.read_text()
+    finally:
+        shutil.rmtree(worktree, ignore_errors=True)
+        marker.unlink(missing_ok=True)

@@ -13,7 +13,8 @@ worktree git directories.  For each:
   (``core.hooksPath``), and the program of every key git runs (``core.fsmonitor``,
   ``core.sshCommand``, ``alias.*``, filters, ...) when they lie in a writable tree; what
   is named but missing gets an empty read-only placeholder, so that it cannot be created;
-  with ``extensions.worktreeConfig`` set, so does a missing ``config.worktree``;
+  so does a missing ``config.worktree`` in every submodule and worktree git directory, and
+  in a main one whose config sets ``extensions.worktreeConfig``;
 * hook entries that are links are followed: their targets in a writable tree are
   read-only too; a link on the way inside a writable tree is refused;
 * ``modules`` and ``worktrees`` are read-only (created empty if missing), so no new
@@ -155,9 +156,15 @@ def git_findings(scope: Scope, tree: fsops.Tree, gitdir: str, worktree: str,
     cfg = tree.path(f"{gitdir}/config")
     entries, included = gather(scope, cfg)
     yield from included
-    if _worktree_config(entries) and tree.lstat(f"{gitdir}/config.worktree") is None:
+    # A linked worktree's git directory has no config of its own: whether git reads its
+    # config.worktree is said in the common one, which this does not read (review 9 made one
+    # mid-run, and host git in the worktree ran its fsmonitor).  So every git directory but
+    # a main one gets one where there is none, empty and read-only, as does a main one
+    # whose config says git reads it.
+    if (not main or _worktree_config(entries)) and \
+            tree.lstat(f"{gitdir}/config.worktree") is None:
         yield from _protect(scope, tree.path(f"{gitdir}/config.worktree"),
-                            "extensions.worktreeConfig makes git read it", "file")
+                            "git reads it (extensions.worktreeConfig)", "file")
     worktree_cfg = tree.path(f"{gitdir}/config.worktree")
     if tree.lstat(f"{gitdir}/config.worktree") is not None:
         more, included = gather(scope, worktree_cfg)
@@ -170,11 +177,12 @@ def _commondir_placeholder(scope: Scope, tree: fsops.Tree, rel: str, make: bool)
     """A read-only ``commondir`` where there is none, naming the git directory itself.
 
     One created while the run lives would send the host's git (a prompt or an editor
-    polling ``git status``, into submodules too) to a config and hooks of the payload's:
-    the live watch removes it, but not before git may read it (seen by review 8, in a
-    submodule's git directory, which it did not watch).  Git reads ``.`` as no commondir at
-    all; an empty file would make it fail.  Removed after the run, like every placeholder;
-    one left by a run whose audit never came is taken as corral's again."""
+    polling ``git status``, into the submodules that existed at launch too) to a config and
+    hooks of the payload's: the live watch removes it, but not before git may read it
+    (seen by review 8, in a submodule's git directory, which it did not watch).  Git reads
+    ``.`` as no commondir at all; an empty file would make it fail.  Removed after the run,
+    like every placeholder; one left by a run whose audit never came is taken as corral's
+    again."""
     why = "a commondir made there would send git to another config and hooks"
     if make and not scope.create:
         return Finding(tree.path(rel), "protect", "file", why, origin="planned")
