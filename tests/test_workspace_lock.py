@@ -302,3 +302,13 @@ def test_a_link_swapped_in_after_the_path_was_settled_fails_the_copy(tmp_path: P
         with pytest.raises(UsageError, match="changed while it was copied"):
             workspace.copy_in(tree, src)
     assert not (tmp_path / "out" / "config").exists()
+
+
+def test_a_path_through_proc_is_refused(who: Identity) -> None:
+    """/proc's links (``/proc/PID/root``, ``/proc/PID/cwd``) lead into another process's
+    view, which the walk of their text cannot hold (review 9's lead: a path into a live
+    sandbox's mount namespace would go unseen).  Control: the same file by its own path."""
+    r = who.corral("run", "--input", "/proc/self/root/etc/hostname", "--", "/bin/true")
+    assert r.returncode == 125 and "goes through /proc" in r.stderr, r
+    ok = who.corral("run", "--input", "/etc/hostname", "--", "/bin/cat", "/work/hostname")
+    assert ok.returncode == 0 and ok.stdout == Path("/etc/hostname").read_text(), ok

@@ -247,6 +247,12 @@ def _walk(given: str) -> tuple[str, list[str]]:
             continue
         folders[here] = None
         nxt = os.path.join(here, part)
+        if nxt == "/proc" or here.startswith("/proc"):
+            # Its links (/proc/PID/root, /proc/PID/cwd) are not paths: the kernel follows
+            # them into another process's view, which no walk of their text can hold.
+            raise UsageError(f"{given} goes through /proc", "corral holds a path by the "
+                             "folders it passes through, and /proc's links name none",
+                             "name the file by its own path")
         try:
             st = os.lstat(nxt)
         except OSError:
