@@ -46,7 +46,7 @@ from types import ModuleType
 from . import fsops
 from .errors import STOPPING
 from .fswalk import join, move, walk
-from .guard import PROTECTED_NAMES, Finding
+from .guard import PROTECTED_NAMES, SELF_COMMONDIR, Finding
 from .record import NamedTuple, Record, field
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
@@ -482,8 +482,6 @@ class Auditor:
                                            f"from the launch ({e.strerror})"))
 
     def _placeholders(self) -> None:
-        from .repos import SELF_COMMONDIR
-
         for path, dev, ino in self.census.placeholders:
             held = next(((t, o) for t, o in self.census.trees
                          if path.startswith(t.rstrip("/") + "/")), None)

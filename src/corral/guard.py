@@ -172,6 +172,11 @@ def userns_hint(host: HostFacts) -> str:
     return ""
 
 
+# The placeholder corral puts where a git directory has no commondir: the git directory
+# itself, which git reads as none (corral.repos; removed after the run by corral.audit).
+SELF_COMMONDIR = b".\n"
+
+
 class Finding(NamedTuple):
     """A path inside a writable tree that corral re-mounts, and why (see corral.discover)."""
 

@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from . import fsops, gitconfig
 from .errors import UsageError
 from .fswalk import walk
-from .guard import Finding
+from .guard import SELF_COMMONDIR, Finding
 from .locate import Landing, Roots, land
 from .record import NamedTuple
 
@@ -51,7 +51,6 @@ __all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "gather", "git_findings", "git
            "global_config", "global_paths", "holds_git_dir", "hook_folders", "is_git_dir",
            "protect", "valid_head"]
 
-SELF_COMMONDIR = b".\n"  # the placeholder commondir: the git directory itself (_own_commondir)
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
 CREATED = ("hooks", "modules", "worktrees")  # made to exist, so that they can be read-only
 NESTED = ("modules", "worktrees")  # the git directories of submodules and worktrees
