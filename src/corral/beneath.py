@@ -14,8 +14,8 @@ import stat
 import threading
 from collections.abc import Iterator
 
-__all__ = ["DIR_FLAGS", "PATH_FLAGS", "acting_as", "kind_of", "open_beneath", "read_file",
-           "reason", "split"]
+__all__ = ["DIR_FLAGS", "PATH_FLAGS", "acting_as", "kind_of", "open_beneath", "open_no_links",
+           "read_file", "reason", "split"]
 
 # What a refused operation beneath a tree means, in words a user can act on.
 REASONS = {
@@ -105,6 +105,16 @@ def open_beneath(dirfd: int, rel: str, flags: int, mode: int = 0) -> int:
         if fd is not None:
             return fd
     return _walk_open(dirfd, parts, flags, mode)
+
+
+def open_no_links(path: str, flags: int) -> int:
+    """The absolute ``path`` opened from ``/`` without following a link in any component:
+    a link swapped in fails (``ELOOP``), never leads elsewhere."""
+    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return open_beneath(root, path.lstrip("/"), flags)
+    finally:
+        os.close(root)
 
 
 def _openat2(k: _Kernel, dirfd: int, rel: str, flags: int, mode: int) -> int | None:

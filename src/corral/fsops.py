@@ -43,6 +43,7 @@ from .beneath import (
     acting_as,
     kind_of,
     open_beneath,
+    open_no_links,
     read_file,
     reason,
     split,
@@ -50,7 +51,7 @@ from .beneath import (
 from .record import NamedTuple
 
 __all__ = ["HOST_FILE_CAP", "Entry", "Tree", "acting_as", "kind_of", "open_beneath",
-           "open_host_file", "read_file", "reason", "remove_tree", "split"]
+           "open_host_file", "open_no_links", "read_file", "reason", "remove_tree", "split"]
 
 class Entry(NamedTuple):
     """One name in a directory and what it is (a link is a link, never its target)."""

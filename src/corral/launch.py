@@ -123,13 +123,7 @@ class Handles:
 def _open_handle(path: str, flags: int, no_links: bool) -> int:
     """``path`` opened with ``flags``; with ``no_links``, from ``/`` without following a
     link in any component (see corral.fsops): a swapped-in link fails, never leads out."""
-    if not no_links:
-        return os.open(path, flags)
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        return fsops.open_beneath(root, path.lstrip("/"), flags)
-    finally:
-        os.close(root)
+    return fsops.open_no_links(path, flags) if no_links else os.open(path, flags)
 
 
 def memfd(name: str, content: bytes) -> int:

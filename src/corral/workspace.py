@@ -403,15 +403,12 @@ def _copy(src: str, tree: fsops.Tree, rel: str) -> None:
     # Its folder as resolved under held()'s locks (settled), opened from / without
     # following a link: one swapped in since, by a writer no lock keeps out, fails the
     # copy, never leads it elsewhere (review 8).
-    root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        dirfd = fsops.open_beneath(root, parent.lstrip("/"), os.O_RDONLY | os.O_DIRECTORY)
+        dirfd = fsops.open_no_links(parent, os.O_RDONLY | os.O_DIRECTORY)
     except OSError as e:
         raise UsageError(f"input {src} changed while it was copied", e.strerror or str(e),
                          "copy it again when nothing else writes the folders on its way"
                          ) from None
-    finally:
-        os.close(root)
     try:
         _copy_at(dirfd, name, src, tree, rel)
     finally:
