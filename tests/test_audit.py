@@ -102,6 +102,53 @@ def test_a_reused_workspace_gets_its_control_files_back(who: Identity) -> None:
     assert r["again"] == ["quarantined"] and r["config_left"] is False
 
 
+def test_a_reused_workspaces_submodule_and_worktree_keep_their_git_files(
+        who: Identity) -> None:
+    """Review 10: the census of a reused workspace did not look inside .git, so the audit
+    took a submodule's git directory for one made during the run and quarantined the
+    user's own config (core.worktree and all) after a run that did nothing."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        ident = ["-c", "user.name=a", "-c", "user.email=a@b"]
+        git(base, "init", "-q", "lib")
+        open(os.path.join(base, "lib/f"), "w").close()
+        git(base + "/lib", "add", "f"); git(base + "/lib", *ident, "commit", "-qm", "l")
+        git(top, "init", "-q", ".")
+        open(os.path.join(top, "g"), "w").close()
+        git(top, "add", "g"); git(top, *ident, "commit", "-qm", "p")
+        git(top, "-c", "protocol.file.allow=always", "submodule", "add", "-q", "../lib", "sub")
+        git(top, "worktree", "add", "-q", "wt")
+        sub, wt = os.path.join(top, ".git/modules/sub"), os.path.join(top, ".git/worktrees/wt")
+        before = {{p: open(p).read() for p in (sub + "/config", wt + "/commondir")}}
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        quiet = audit.Auditor(census, lambda: q).run()  # a run that changed nothing
+        kept = {{p: os.path.exists(p) and open(p).read() == t for p, t in before.items()}}
+        with open(sub + "/config", "a") as f:
+            f.write("[core]\\n\\tfsmonitor = ./evil\\n")
+        changed = audit.Auditor(census, lambda: q).run()
+        back = open(sub + "/config").read() == before[sub + "/config"]
+        # Control: the census as it was before the fix, with no nested git directory.
+        blind = audit.Census(census.trees, census.names, census.gitdirs,
+                             protected=census.protected, backups=census.backups,
+                             started_ns=census.started_ns)
+        lost = audit.Auditor(blind, lambda: q).run()
+        print(json.dumps({{"linked": sorted(os.path.relpath(p, top) for p in census.linked),
+                          "quiet": [a.did for a in quiet], "kept": list(kept.values()),
+                          "changed": sorted({{a.did for a in changed}}), "back": back,
+                          "lost": sorted(os.path.relpath(a.path, top) for a in lost
+                                         if a.did == "quarantined"),
+                          "gone": not os.path.exists(sub + "/config")}}))
+    """)
+    assert r["linked"] == [".git/modules/sub", ".git/worktrees/wt"], r
+    assert r["quiet"] == [] and r["kept"] == [True, True], r
+    assert r["changed"] == ["quarantined", "restored"] and r["back"], r
+    # Control: without the nested census, the unchanged files are taken away.
+    assert ".git/modules/sub/config" in r["lost"] and r["gone"], r  # type: ignore[operator]
+
+
 def test_set_id_bits_set_during_the_run_are_cleared(who: Identity) -> None:
     r = as_identity(who, f"""
         top = {str(who.tmp)!r}

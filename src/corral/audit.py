@@ -192,7 +192,9 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     """Run mode, a reused workspace: nothing is read-only inside, so copies are kept."""
     from . import gitstate
 
-    gitdirs, protected, budget = set(), set(), [BACKUP_TOTAL]
+    gitdirs: set[str] = set()
+    linked: set[str] = set()
+    protected, budget = set(), [BACKUP_TOTAL]
     backups: dict[str, tuple[bytes, int]] = {}
     with fsops.Tree(top, owner) as tree:
         try:
@@ -201,6 +203,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                     if tree.path(here) not in gitdirs:  # its first part
                         gitdirs.add(tree.path(here))
                         _keep(tree, here, backups, budget)
+                        _nested_census(tree, here, linked, backups, budget)
                     entries.clear()
                     continue
                 for e in [e for e in entries if e.name in names or e.name == ".git"]:
@@ -209,13 +212,34 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                     if e.name == ".git" and e.kind == "dir":
                         gitdirs.add(tree.path(rel))
                         _keep(tree, rel, backups, budget)
+                        _nested_census(tree, rel, linked, backups, budget)
                     elif e.kind == "file":
                         _copy(tree, rel, backups, budget)
                     entries.remove(e)
         except OSError:
             pass  # an unreadable corner: the audit then quarantines what it cannot compare
-    return Census(((top, owner),), names, frozenset(gitdirs), protected=frozenset(protected),
-                  backups=backups, commands=gitstate.at_launch([(top, owner)], gitdirs))
+    return Census(((top, owner),), names, frozenset(gitdirs), linked=frozenset(linked),
+                  protected=frozenset(protected), backups=backups,
+                  commands=gitstate.at_launch([(top, owner)], gitdirs | linked))
+
+
+def _nested_census(tree: fsops.Tree, gitdir: str, linked: set[str],
+                   backups: dict[str, tuple[bytes, int]], budget: list[int]) -> None:
+    """The submodules' and worktrees' git directories in ``gitdir``'s modules/ and
+    worktrees/, found as the audit finds them (Auditor._gitdir): recorded with their
+    controls kept, else the audit takes them for ones made during the run and quarantines
+    the user's own submodule config (review 10)."""
+    for nested in _repos().NESTED:
+        if tree.lstat(f"{gitdir}/{nested}") is None:
+            continue
+        for here, entries in walk(tree, f"{gitdir}/{nested}", limit=AUDIT_CAP, chunk=CHUNK):
+            if tree.path(here) in linked or (tree.lstat(f"{here}/HEAD") is not None and (
+                    tree.lstat(f"{here}/config") is not None or _holds_git_dir(tree, here))):
+                if tree.path(here) not in linked:  # its first part
+                    linked.add(tree.path(here))
+                    _keep(tree, here, backups, budget)
+                    _copy(tree, f"{here}/commondir", backups, budget)
+                entries[:] = [e for e in entries if e.name in _repos().NESTED]
 
 
 def _repos() -> ModuleType:
