@@ -1,0 +1,109 @@
+"""The signal numbers and calls of corral's launch path, from ``_signal``: the C module the
+signal module wraps, turning its numbers and results into enums.  Importing signal
+imports enum and builds four enum classes, about 6% of the CPU of a ``corral run --
+/bin/true`` (bench/RESULTS.md, "The launch floor"); the values here are the same numbers,
+as plain ints.  A module that needs the enums imports signal itself."""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the types of the signal module's own (its stubs: _signal has none)
+    from signal import (
+        SIG_BLOCK,
+        SIG_DFL,
+        SIG_IGN,
+        SIG_SETMASK,
+        SIGALRM,
+        SIGBUS,
+        SIGCONT,
+        SIGFPE,
+        SIGHUP,
+        SIGILL,
+        SIGINT,
+        SIGKILL,
+        SIGPIPE,
+        SIGQUIT,
+        SIGSEGV,
+        SIGSTOP,
+        SIGSYS,
+        SIGTERM,
+        SIGTRAP,
+        SIGUSR1,
+        SIGUSR2,
+        SIGWINCH,
+        SIGXFSZ,
+        getsignal,
+        pidfd_send_signal,
+        pthread_sigmask,
+        signal,
+        valid_signals,
+    )
+else:
+    try:
+        from _signal import (
+            SIG_BLOCK,
+            SIG_DFL,
+            SIG_IGN,
+            SIG_SETMASK,
+            SIGALRM,
+            SIGBUS,
+            SIGCONT,
+            SIGFPE,
+            SIGHUP,
+            SIGILL,
+            SIGINT,
+            SIGKILL,
+            SIGPIPE,
+            SIGQUIT,
+            SIGSEGV,
+            SIGSTOP,
+            SIGSYS,
+            SIGTERM,
+            SIGTRAP,
+            SIGUSR1,
+            SIGUSR2,
+            SIGWINCH,
+            SIGXFSZ,
+            getsignal,
+            pidfd_send_signal,
+            pthread_sigmask,
+            signal,
+            valid_signals,
+        )
+    except ImportError:  # another Python
+        from signal import (
+            SIG_BLOCK,
+            SIG_DFL,
+            SIG_IGN,
+            SIG_SETMASK,
+            SIGALRM,
+            SIGBUS,
+            SIGCONT,
+            SIGFPE,
+            SIGHUP,
+            SIGILL,
+            SIGINT,
+            SIGKILL,
+            SIGPIPE,
+            SIGQUIT,
+            SIGSEGV,
+            SIGSTOP,
+            SIGSYS,
+            SIGTERM,
+            SIGTRAP,
+            SIGUSR1,
+            SIGUSR2,
+            SIGWINCH,
+            SIGXFSZ,
+            getsignal,
+            pidfd_send_signal,
+            pthread_sigmask,
+            signal,
+            valid_signals,
+        )
+
+__all__ = [
+    "SIGALRM", "SIGBUS", "SIGCONT", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGKILL",
+    "SIGPIPE", "SIGQUIT", "SIGSEGV", "SIGSTOP", "SIGSYS", "SIGTERM", "SIGTRAP", "SIGUSR1",
+    "SIGUSR2", "SIGWINCH", "SIGXFSZ", "SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK",
+    "getsignal", "pidfd_send_signal", "pthread_sigmask", "signal", "valid_signals"]
