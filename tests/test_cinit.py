@@ -268,3 +268,53 @@ def test_the_init_is_built_with_musl_when_it_is_installed(tmp_path: Path) -> Non
     r = subprocess.run([str(script), str(gnu), *sources], env={"PATH": "/usr/bin:/bin",
                        "CC": "cc"}, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and glibc in gnu.read_bytes(), r
+
+
+def test_bwrap_gets_only_the_descriptors_it_is_handed(tmp_path: Path) -> None:
+    """launch.spawn starts bwrap with posix_spawn through the joiner, whose --keep does what
+    subprocess's close_fds and cwd did: a descriptor the launcher's process left
+    inheritable (a library's, a caller's) does not reach bwrap, the handed ones do, and the
+    directory is /.  Control: the same start without --keep passes the stray one on."""
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    from corral.launch import spawn
+
+    stray = os.open(tmp_path, os.O_RDONLY)
+    os.set_inheritable(stray, True)
+    handed_r, handed = os.pipe()  # close-on-exec here, like every descriptor corral makes
+    out_r, out = os.pipe()
+    show = ["/bin/sh", "-c", "readlink /proc/$$/cwd; ls /proc/$$/fd"]
+    seen = {}
+    try:
+        for keep in (True, False):
+            prefix = cinit.join_prefix(cinit.BINARY, [], [], [handed] if keep else None)
+            assert prefix is not None
+            child = spawn([*prefix, *show], stdin=None, stdout=out, stderr=out, keep=[handed],
+                          joiner=True)
+            assert child._popen is None  # posix_spawn, not subprocess
+            assert child.wait(60) == 0
+            text = os.read(out_r, 65536).decode().split()
+            seen[keep] = (text[0], {int(fd) for fd in text[1:]})
+    finally:
+        for fd in (stray, handed_r, handed, out_r, out):
+            os.close(fd)
+    assert seen[True] == ("/", {0, 1, 2, handed}), seen
+    assert stray in seen[False][1] and handed in seen[False][1], seen  # the control
+
+
+def test_the_joiner_refuses_a_descriptor_it_was_not_handed() -> None:
+    """A --keep listing a closed descriptor stops before bwrap (which would read another
+    descriptor at that number), as does a malformed list."""
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    closed = os.open("/dev/null", os.O_RDONLY)
+    os.close(closed)
+    for keep, said in (([closed], b"is not open"), (None, b"bad descriptor list")):
+        argv = cinit.join_prefix(cinit.BINARY, [], [], keep)
+        assert argv is not None
+        if keep is None:
+            argv[2:2] = ["--keep", "1,x"]
+        r = subprocess.run([*argv, "/bin/echo", "ran"], capture_output=True, timeout=60,
+                           check=False)
+        assert r.returncode == 125 and b"ran" not in r.stdout and said in r.stderr, r
+    r = subprocess.run([*(cinit.join_prefix(cinit.BINARY, [], []) or []), "/bin/echo", "ran"],
+                       capture_output=True, timeout=60, check=False)
+    assert r.returncode == 0 and r.stdout == b"ran\n", r  # control: nothing to refuse

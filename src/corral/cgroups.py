@@ -26,11 +26,10 @@ import contextlib
 import errno
 import os
 import pwd
-import signal
-import subprocess
 import time
 from collections.abc import Callable
 
+from . import sig as signal
 from .errors import HostError
 from .host import Cgroups, HostFacts
 from .limits import (
@@ -259,6 +258,8 @@ class RunCgroup:
 
     def spawn(self, start: Start[P]) -> P:
         """Start a process inside the run's cgroups; ``start(preexec)`` does the Popen."""
+        import subprocess  # (only a caller that uses it: corral.launch starts bwrap itself)
+
         try:
             return start(self.child_step())
         except subprocess.SubprocessError as e:

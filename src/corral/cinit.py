@@ -98,14 +98,18 @@ def describe() -> str:
             "'make setup' with a C compiler builds it")
 
 
-def join_prefix(binary: str | None, files: Sequence[str], mount_args: Sequence[str]
-                ) -> list[str] | None:
+def join_prefix(binary: str | None, files: Sequence[str], mount_args: Sequence[str],
+                keep: Sequence[int] | None = None) -> list[str] | None:
     """The argv prefix that starts bwrap through the compiled init's ``--join`` mode, which
+    (with ``keep``) makes / its directory and closes every descriptor above 2 but those,
     writes 0 into each cgroup file of ``files``, makes the child mounts ``mount_args``
     say (corral.mountns.ChildMounts.joiner_args), then execs the rest.  ``binary`` is the
     run's compiled init (``Sandbox.init_binary``, chosen once by :func:`choice`); None:
     the Python init, and a Python preexec_fn does the same."""
-    return None if binary is None else [binary, "--join", *files, *mount_args, "--"]
+    if binary is None:
+        return None
+    kept = ["--keep", ",".join(str(fd) for fd in keep)] if keep else []
+    return [binary, "--join", *kept, *files, *mount_args, "--"]
 
 
 def encode(config: Mapping[str, Any]) -> bytes:

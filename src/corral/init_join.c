@@ -66,8 +66,70 @@ static int child_mounts(char **argv, int i) {
     return argv[i] ? i : -1;
 }
 
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#define MAX_KEEP 256
+
+static int kept(const int *keep, int n, int fd) {
+    for (int k = 0; k < n; k++)
+        if (keep[k] == fd) return 1;
+    return 0;
+}
+
+/* `--keep FD,FD,...`: what subprocess's cwd="/" and close_fds=True did, for a launcher
+ * that starts this with posix_spawn (corral.launch.Spawned): the working directory is /,
+ * and every descriptor above 2 but the listed ones (bwrap's) is closed, whatever else the
+ * launcher's process held without close-on-exec.  A listed one that is not open fails the
+ * start: bwrap would read another descriptor in its place. */
+static int keep_only(const char *list) {
+    int keep[MAX_KEEP], n = 0;
+    for (const char *p = list; *p;) {
+        char *end;
+        long fd = strtol(p, &end, 10);
+        if (end == p || fd < 3 || fd > INT_MAX || n == MAX_KEEP || (*end && *end != ','))
+            JOIN_FAIL("--keep: bad descriptor list %s\n", list);
+        keep[n++] = (int)fd;
+        p = *end ? end + 1 : end;
+    }
+    for (int k = 0; k < n; k++)
+        if (fcntl(keep[k], F_GETFD) < 0)
+            JOIN_FAIL("descriptor %d for bwrap is not open: %s\n", keep[k], strerror(errno));
+    if (chdir("/") != 0)
+        JOIN_FAIL("chdir /: %s\n", strerror(errno));
+    int lo = 3;
+    for (;;) { /* close [lo, next kept one), then go on after it */
+        int next = -1;
+        for (int k = 0; k < n; k++)
+            if (keep[k] >= lo && (next < 0 || keep[k] < next)) next = keep[k];
+        unsigned hi = next < 0 ? ~0u : (unsigned)next - 1;
+        if ((next < 0 || next > lo) && syscall(SYS_close_range, (unsigned)lo, hi, 0) != 0) {
+            if (errno != ENOSYS)
+                JOIN_FAIL("close_range: %s\n", strerror(errno));
+            DIR *d = opendir("/proc/self/fd"); /* before Linux 5.9 */
+            if (!d) JOIN_FAIL("cannot list /proc/self/fd: %s\n", strerror(errno));
+            int self = dirfd(d);
+            struct dirent *e;
+            while ((e = readdir(d)) != NULL) {
+                int fd = atoi(e->d_name);
+                if (e->d_name[0] != '.' && fd >= 3 && fd != self && !kept(keep, n, fd))
+                    close(fd);
+            }
+            closedir(d);
+            return 0;
+        }
+        if (next < 0) return 0;
+        lo = next + 1;
+    }
+}
+
 int join_and_exec(char **argv) {
     int i = 2;
+    if (argv[i] && strcmp(argv[i], "--keep") == 0) {
+        if (!argv[i + 1] || keep_only(argv[i + 1]) != 0)
+            return SETUP_FAILED;
+        i += 2;
+    }
     for (; argv[i] && strcmp(argv[i], "--") != 0 && strncmp(argv[i], "--", 2) != 0; i++) {
         if (write_file(argv[i], "0") != 0)
             JOIN_FAIL("cannot enter %s: %s\n", argv[i], strerror(errno));

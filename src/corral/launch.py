@@ -19,18 +19,16 @@ Descriptors handed over:
 from __future__ import annotations
 
 import contextlib
-import json
 import marshal
 import os
-import selectors
-import signal
+import select
 import stat
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from . import bwrap, cinit, fsops, tty
+from . import bwrap, cinit, fsops, jsonio
+from . import sig as signal
 from .bwrap import Data, HostFile, PathHandle, Sandbox
 from .errors import HostError, LaunchError
 from .record import Record, field
@@ -41,6 +39,7 @@ if TYPE_CHECKING:
 
     from .cgroups import RunCgroup
     from .mountns import ChildMounts
+    from .tty import Freezer, Terminal
     from .watch import Watch
 
 __all__ = ["Launch", "Outcome", "launch"]
@@ -168,6 +167,139 @@ def _translate(stderr: str, host_hint: str) -> LaunchError | HostError:
     return LaunchError(f"bwrap failed to set up the sandbox: {text}", "", "")
 
 
+def _terminal(stdin: bool) -> Terminal | None:
+    """tty.Terminal.attach, whose module (termios and all) is imported only when one of
+    corral's descriptors is a terminal."""
+    if not ((stdin and os.isatty(0)) or os.isatty(1) or os.isatty(2)):
+        return None
+    from .tty import Terminal
+
+    return Terminal.attach(stdin=stdin)
+
+
+class Poller:
+    """What supervise needs of selectors' epoll selector, on select.epoll itself (selectors
+    and the math it imports cost every command line's start ~1 ms): the registered
+    descriptors, and which of them are ready (for reading or writing as registered, or
+    hung up or failed)."""
+
+    def __init__(self) -> None:
+        self.epoll = select.epoll()
+        self.fds: set[int] = set()
+
+    def register(self, fd: int, write: bool = False) -> None:
+        self.epoll.register(fd, select.EPOLLOUT if write else select.EPOLLIN)
+        self.fds.add(fd)
+
+    def unregister(self, fd: int) -> None:
+        self.fds.remove(fd)
+        self.epoll.unregister(fd)
+
+    def select(self, timeout: float | None) -> list[int]:
+        # Rounded up to the millisecond, epoll's unit: down, a wait of 0.3 ms would return
+        # at once, again and again, until the deadline.
+        wait = -1.0 if timeout is None else -(-timeout * 1000 // 1) / 1000
+        return [fd for fd, _ in self.epoll.poll(wait, max(len(self.fds), 1))]
+
+    def close(self) -> None:
+        self.epoll.close()
+
+
+DEVNULL = -3  # the payload's stdin is /dev/null (subprocess.DEVNULL's value)
+
+
+class Spawned:
+    """bwrap's process, as the launch uses it: ``pid``, :meth:`poll`, :meth:`wait` (raising
+    TimeoutError), :meth:`kill` and ``returncode`` (negative for a signal), as
+    subprocess.Popen has them.  Started by :func:`spawn`: with the compiled init, through
+    ``os.posix_spawn`` (the command line then never imports subprocess, which with what it
+    imports, locale, re, signal's enums, selectors, was about a sixth of every ``corral
+    run``'s own CPU); with the Python init, by subprocess with its preexec_fn."""
+
+    def __init__(self, pid: int, popen: Any = None) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._popen = popen
+
+    def poll(self) -> int | None:
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+        elif self.returncode is None:
+            self._reap(os.WNOHANG)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._popen is not None:
+            import subprocess
+
+            try:
+                self.returncode = int(self._popen.wait(timeout))
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"bwrap still runs after {timeout} s") from None
+            return self.returncode
+        if self.returncode is None and timeout is not None:
+            fd = os.pidfd_open(self.pid)  # not reaped yet: this pid is still bwrap
+            try:
+                if not select.select([fd], [], [], timeout)[0]:
+                    raise TimeoutError(f"bwrap still runs after {timeout} s")
+            finally:
+                os.close(fd)
+        while self.returncode is None:
+            self._reap(0)
+        return self.returncode
+
+    def _reap(self, flags: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # reaped by someone else (SIGCHLD ignored): as Popen does
+            self.returncode = 0
+            return
+        if pid == self.pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def kill(self) -> None:
+        if self._popen is not None:
+            self._popen.kill()
+        elif self.returncode is None:  # not reaped: the pid is still bwrap's
+            os.kill(self.pid, signal.SIGKILL)
+
+
+def spawn(argv: Sequence[str], *, stdin: int | None, stdout: int | None, stderr: int,
+          keep: Sequence[int], joiner: bool, preexec: Callable[[], None] | None = None
+          ) -> Spawned:
+    """Start ``argv`` with ``stdin`` (None: inherited; DEVNULL), ``stdout`` (None:
+    inherited) and ``stderr``, an empty environment, and of this process's descriptors only
+    ``keep`` besides; in ``/``, with SIGPIPE and SIGXFSZ at their defaults (Python ignores
+    both).  ``joiner``: ``argv`` starts with the compiled init's ``--join --keep`` (the
+    list being ``keep``), which makes / its directory and closes every other descriptor
+    before it execs bwrap; then the start is ``posix_spawn`` (vfork and exec), where each
+    kept descriptor is made inheritable in the child alone (a dup2 onto itself, which
+    clears close-on-exec there: POSIX 2024, glibc 2.29).  Otherwise, or when a descriptor
+    to hand over is 0, 1 or 2 (a caller whose standard streams are closed: dup2s in order
+    could overwrite one another), subprocess, as before."""
+    given = [fd for fd in (stdin, stdout, stderr, *keep) if fd is not None and fd != DEVNULL]
+    if joiner and preexec is None and min(given, default=3) >= 3:
+        actions: list[tuple[Any, ...]] = []
+        if stdin == DEVNULL:
+            actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
+        elif stdin is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, stdin, 0))
+        if stdout is not None:
+            actions.append((os.POSIX_SPAWN_DUP2, stdout, 1))
+        actions.append((os.POSIX_SPAWN_DUP2, stderr, 2))
+        actions += [(os.POSIX_SPAWN_DUP2, fd, fd) for fd in keep]
+        pid = os.posix_spawn(argv[0], list(argv), {}, file_actions=actions,
+                             setsigdef=(signal.SIGPIPE, signal.SIGXFSZ))
+        return Spawned(pid)
+    import subprocess
+
+    proc = subprocess.Popen(
+        list(argv), stdin=subprocess.DEVNULL if stdin == DEVNULL else stdin, stdout=stdout,
+        stderr=stderr, pass_fds=list(keep), close_fds=True, env={}, cwd="/",
+        restore_signals=True, preexec_fn=preexec)
+    return Spawned(proc.pid, proc)
+
+
 def _init_died(code: int) -> str:
     how = f"signal {code - 128}" if code > 128 else f"signal {-code}" if code < 0 \
         else f"exit status {code}"
@@ -199,11 +331,11 @@ class Launch:
         self.handles = Handles(preset)
         self.fds: list[int] = []  # our own ends, closed by close()
         self.payload_cgroups: list[int] = []  # for the init (RunCgroup.payload_files)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: Spawned | None = None
         self.pid1_fd: int | None = None
         self.outcome = Outcome(status="error", exit_code=CORRAL_FAILED)
         # Interactive: the sandbox gets a pty of ours, never the user's terminal (corral.tty).
-        self.terminal = None if capture else tty.Terminal.attach(stdin=stdin is None)
+        self.terminal = None if capture else _terminal(stdin is None)
 
     # -- setup ---------------------------------------------------------------
 
@@ -253,7 +385,7 @@ class Launch:
             # A copy: in bwrap, fd 2 itself becomes the pipe for bwrap's own errors.
             stdout, stderr_fd = None, os.dup(2)
             self.fds.append(stderr_fd)
-        stdin: int | None = subprocess.DEVNULL if self.capture else None
+        stdin: int | None = DEVNULL if self.capture else None
         if self.stdin_data is not None:
             self.in_r, self.in_w = self._pipe()
             stdin = self.in_r
@@ -270,12 +402,16 @@ class Launch:
             self.payload_cgroups.append(os.open(path, os.O_WRONLY | os.O_CLOEXEC))
             self.fds.append(self.payload_cgroups[-1])
         argv, keep = self.argv(status_w, json_w, stderr_fd, launcher_fd)
-        def popen(preexec: Callable[[], None] | None, prefix: Sequence[str] = (),
-                  more_fds: Sequence[int] = ()) -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                [*prefix, *argv], stdin=stdin, stdout=stdout, stderr=err_w,
-                pass_fds=[*keep, *more_fds], close_fds=True, env={}, cwd="/",
-                restore_signals=True, preexec_fn=preexec)
+
+        def popen(preexec: Callable[[], None] | None, join: Sequence[str] | None = None,
+                  more_fds: Sequence[int] = ()) -> Spawned:
+            """``join``: the cgroup files and mount options for the compiled init's
+            ``--join``, which then starts bwrap; None: bwrap itself."""
+            fds = [*keep, *more_fds]
+            prefix = None if join is None else cinit.join_prefix(
+                self.sb.init_binary, join, (), fds)
+            return spawn([*(prefix or ()), *argv], stdin=stdin, stdout=stdout, stderr=err_w,
+                         keep=fds, joiner=prefix is not None, preexec=preexec)
 
         self.started_at = time.monotonic()
         try:
@@ -295,26 +431,26 @@ class Launch:
         if self.terminal is not None:
             self.terminal.started(self._freezer())
 
-    def _spawn(self, popen: Callable[[Callable[[], None] | None, Sequence[str], Sequence[int]],
-                                     subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+    def _spawn(self, popen: Callable[[Callable[[], None] | None, Sequence[str] | None,
+                                      Sequence[int]], Spawned]) -> Spawned:
         """Start bwrap; its child first joins the run's cgroups, then makes its mounts.
 
         Both happen between fork and exec, in the child alone (see corral.cgroups and
         corral.mountns); a failed step fails the child before exec, so nothing starts
         unlimited or without its mounts.  With the compiled init built, its ``--join``
-        mode does both and then execs bwrap (corral.cinit.join_prefix): no Python
-        preexec_fn, so subprocess can vfork instead of forking the launcher.
+        mode does both (and closes what bwrap must not get) and then execs bwrap
+        (corral.cinit.join_prefix), with or without a cgroup or mounts: no Python
+        preexec_fn, and the launcher starts it with posix_spawn (:func:`spawn`).
         """
         mounts = self._child_mounts()
         if mounts is not None and not mounts.wanted:
             mounts = None
-        if self.cgroup is None and mounts is None:
-            return popen(None, (), ())
         mount_args, mount_fds = mounts.joiner_args() if mounts is not None else ([], [])
         files = self.cgroup.join_files() if self.cgroup is not None else []
-        prefix = cinit.join_prefix(self.sb.init_binary, files, mount_args)
-        if prefix is not None:
-            return popen(None, prefix, mount_fds)
+        if self.sb.init_binary is not None:
+            return popen(None, [*files, *mount_args], mount_fds)
+        if self.cgroup is None and mounts is None:
+            return popen(None, None, ())
         steps = [self.cgroup.child_step()] if self.cgroup is not None else []
         if mounts is not None:
             steps.append(mounts.step)
@@ -323,8 +459,10 @@ class Launch:
             for step in steps:
                 step()
 
+        import subprocess
+
         try:
-            return popen(child, (), ())
+            return popen(child, None, ())
         except subprocess.SubprocessError as e:
             raise HostError("bwrap could not be started inside the run's cgroup and mounts",
                             str(e), "run 'corral doctor' to see what this host enforces"
@@ -344,7 +482,7 @@ class Launch:
         mounts.bounded_devpts(self.sb.ptys)
         return mounts
 
-    def _freezer(self) -> tty.Freezer:
+    def _freezer(self) -> Freezer:
         """What ^Z freezes the run with: its v2 cgroup, root's v1 freezer, or signals."""
         v2 = self.cgroup.unique[0] if self.cgroup and self.cgroup.version == 2 else None
         v1 = None
@@ -353,7 +491,9 @@ class Launch:
 
             mount = detect().cgroups.v1_mount("freezer")
             v1 = os.path.join(mount, "corral", f"tty-{os.urandom(6).hex()}") if mount else None
-        return tty.Freezer(lambda: self.outcome.sandbox_pid, v2, v1)
+        from .tty import Freezer
+
+        return Freezer(lambda: self.outcome.sandbox_pid, v2, v1)
 
     def _close(self, fd: int) -> None:
         if fd in self.fds:
@@ -367,32 +507,32 @@ class Launch:
         assert self.proc is not None
         o = self.outcome
         bufs: dict[int, bytearray] = {}
-        sel = selectors.DefaultSelector()
+        sel = Poller()
         readers = [self.status_r, self.json_r, self.err_r]
         if self.capture:
             readers += [self.out_r, self.cerr_r]
         for fd in readers:
             bufs[fd] = bytearray()
-            sel.register(fd, selectors.EVENT_READ)
+            sel.register(fd)
         if self.stdin_data is not None:
             self._stdin_view = memoryview(self.stdin_data)
-            sel.register(self.in_w, selectors.EVENT_WRITE)
+            sel.register(self.in_w, write=True)
         relayed = self.terminal.fds() if self.terminal is not None else []
         for fd in relayed:
-            sel.register(fd, selectors.EVENT_READ)
+            sel.register(fd)
         if relayed:
             readers.append(relayed[0])  # the pty's output is drained like a pipe
         proc_fd = os.pidfd_open(self.proc.pid)
         self.fds.append(proc_fd)
-        sel.register(proc_fd, selectors.EVENT_READ)
+        sel.register(proc_fd)
         watch_fd = self.watch.fileno() if self.watch is not None else None
         if watch_fd is not None:
-            sel.register(watch_fd, selectors.EVENT_READ)
+            sel.register(watch_fd)
         deadline = None if self.timeout_s is None else self.started_at + self.timeout_s
         exited = False
         try:
-            while len(sel.get_map()) > 0:
-                if exited and all(fd not in sel.get_map() for fd in readers):
+            while sel.fds:
+                if exited and all(fd not in sel.fds for fd in readers):
                     break
                 now = time.monotonic()
                 wait = None if deadline is None else max(0.0, deadline - now)
@@ -410,8 +550,7 @@ class Launch:
                     if exited:
                         break
                     continue
-                for key, _ in events:
-                    fd = int(key.fd)
+                for fd in events:
                     if fd == watch_fd:
                         sel.unregister(fd)
                         if self.watch is not None and not exited:  # after exit: its finish()
@@ -462,7 +601,7 @@ class Launch:
             self.outcome.status = status
             self.kill()
 
-    def _feed(self, sel: selectors.BaseSelector) -> None:
+    def _feed(self, sel: Poller) -> None:
         try:
             n = os.write(self.in_w, self._stdin_view[:PIPE_CHUNK])
             self._stdin_view = self._stdin_view[n:]
@@ -474,7 +613,7 @@ class Launch:
             sel.unregister(self.in_w)
             self._close(self.in_w)
 
-    def _read(self, sel: selectors.BaseSelector, fd: int, bufs: dict[int, bytearray]) -> None:
+    def _read(self, sel: Poller, fd: int, bufs: dict[int, bytearray]) -> None:
         try:
             chunk = os.read(fd, PIPE_CHUNK)
         except OSError:
@@ -501,7 +640,7 @@ class Launch:
             line, _, rest = bytes(buf).partition(b"\n")
             buf[:] = rest
             try:
-                event = json.loads(line)
+                event = jsonio.loads(line)
             except ValueError:
                 continue
             if not isinstance(event, dict):
@@ -563,7 +702,7 @@ class Launch:
             # reports is the init's fate, not the command's, and the payload may have
             # caused it: never hand it back as the command's own outcome.
             o.status, o.exit_code, o.error = "error", CORRAL_FAILED, _init_died(
-                self.proc.returncode)
+                self.proc.wait())
         elif end["event"] == "signaled":
             o.status, o.signal, o.exit_code = "signaled", int(end["signal"]), 128 + int(
                 end["signal"])
@@ -574,7 +713,7 @@ class Launch:
         """Kill whatever is left, reap bwrap, close every descriptor."""
         if self.proc is not None and self.proc.poll() is None:
             self.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            with contextlib.suppress(TimeoutError):
                 self.proc.wait(KILL_GRACE_S)
         else:  # bwrap gone first (the OOM killer?): its sandbox too
             self._kill_pid1()
@@ -633,5 +772,5 @@ def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
     for item, fd in fds.items.items():
         what = item.name if isinstance(item, Data) else item.path
         lines.append(f"# fd {fd}: {what}")
-    lines.append("# init config: " + json.dumps(bwrap.init_config(sb), sort_keys=True))
+    lines.append("# init config: " + jsonio.dumps(bwrap.init_config(sb), sort_keys=True))
     return lines
