@@ -38,6 +38,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	@# The optional extras too: the tests run mcp, batch with its progress display, serve and Ray.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,mcp,progress,serve,ray]'
+	@# corral's commands with -I and -S, over pip's (scripts/console-scripts says why).
+	$(BIN)/python scripts/console-scripts $(BIN)
 	@# Bytecode now: with PYTHONDONTWRITEBYTECODE set, every start would recompile corral.
 	$(BIN)/python -m compileall -q src/corral
 	@touch $@

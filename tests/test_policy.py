@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from corral.errors import ProfileError, UsageError
@@ -45,6 +47,34 @@ def test_bad_durations_are_refused(text: str) -> None:
 def test_size_parser_never_crashes(text: str) -> None:
     with contextlib.suppress(UsageError):
         assert parse_size(text) > 0
+
+
+# The grammar the parsers had as regular expressions (ASCII digits: the hand-written
+# parsers refuse other scripts' digits, which float() would have taken).
+_SIZE_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(i?b?)\Z", re.IGNORECASE)
+_DURATION_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h)?\Z")
+
+
+def _or_error(parse: Callable[[str], object], text: str) -> object:
+    try:
+        return parse(text)
+    except UsageError:
+        return "refused"
+
+
+@settings(max_examples=3000)
+@given(st.text(alphabet="0123456789.kmgtKMGTiIbBsh \t-+e\u0663\u2003", max_size=8))
+def test_size_and_duration_parsers_keep_the_grammar(text: str) -> None:
+    """corral.policy parses sizes and durations by hand (re is not imported at every start):
+    what it takes is what the regular expressions took, with the same value."""
+    size = _SIZE_RE.match(text.strip())
+    want = int(float(size.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30,
+                                       "t": 1 << 40}[size.group(2).lower()]) if size else 0
+    assert _or_error(parse_size, text) == (want if want > 0 else "refused")
+    duration = _DURATION_RE.match(text.strip())
+    seconds = float(duration.group(1)) * {None: 1.0, "ms": 0.001, "s": 1.0, "m": 60.0,
+                                          "h": 3600.0}[duration.group(2)] if duration else 0
+    assert _or_error(parse_duration, text) == (seconds if seconds > 0 else "refused")
 
 
 def test_limits_must_be_positive() -> None:

@@ -44,40 +44,49 @@ NOT_LOADED = {"secrets", "hashlib", "_hashlib", "hmac", "random", "calendar", "d
               # argparse and gettext: the plain use of run is parsed from corral.options
               "argparse", "gettext", "corral.parsers",
               # typing: the run path's modules import it for mypy only (corral.record)
-              "typing"}
+              "typing",
+              # json (with re and enum), signal's enums, subprocess (with locale, selectors,
+              # warnings), zlib, math, termios: corral.jsonio, corral.sig, launch.spawn's
+              # posix_spawn, the tty module only at a terminal
+              "json", "re", "enum", "signal", "subprocess", "locale", "selectors", "zlib",
+              "math", "termios", "corral.tty"}
 
+# (It imports nothing itself: json, importlib and the like would be seen as the run's.)
 MODULES = """\
-import importlib, json, sys
+import sys
 for name in filter(None, sys.argv[1].split(",")):  # the controls' deliberate imports
-    importlib.import_module(name)
+    __import__(name)
 from corral.cli import main
 try:
     main(sys.argv[2:])
 except SystemExit as e:
     code = e.code
-print(json.dumps({"rc": code, "modules": sorted(sys.modules)}))
+print(code, ",".join(sorted(sys.modules)))
 """
 
 
-def _modules(who: Identity, *args: str, first: str = "") -> set[str]:
+def _modules(who: Identity, *args: str, first: str = "", env: dict[str, str] | None = None
+             ) -> set[str]:
     """The modules of a ``corral run ARGS -- /bin/true`` at its end; ``first``: modules
     (NAME,NAME) imported before the CLI, for a control."""
     script = who.tmp / "modules.py"
     script.write_text(MODULES)
     script.chmod(0o644)
     python = who.prefix()[-1]  # who.run adds the change of user
-    proc = who.run([python, str(script), first, "run", *args, "--", "/bin/true"])
+    proc = who.run([python, str(script), first, "run", *args, "--", "/bin/true"], env=env)
     assert proc.returncode == 0, proc.stderr
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["rc"] == 0, proc.stderr
-    return set(out["modules"])
+    code, modules = proc.stdout.strip().splitlines()[-1].split()
+    assert code == "0", proc.stderr
+    return set(modules.split(","))
 
 
 @pytest.mark.sandbox
 def test_corral_run_does_not_load_what_it_does_not_use(who: Identity) -> None:
     loaded = _modules(who)
-    assert "corral.api" in loaded and "json" in loaded  # the helper saw the run's modules
+    assert "corral.api" in loaded and "corral.jsonio" in loaded  # it saw the run's modules
     assert loaded & NOT_LOADED == set()
+    # Control: the Python init's start needs a preexec_fn, so subprocess.
+    assert {"subprocess", "signal"} <= _modules(who, env={"CORRAL_INIT": "python"})
     # Control: a profile of the user's own, a shipped one's text with one more line, is
     # not in the cache and must be parsed by tomllib, which the check then sees.
     mine = who.tmp / "mine.toml"
@@ -363,3 +372,29 @@ def test_run_path_named_tuples_are_namedtuples() -> None:
                 found += 1
                 assert value._fields == tuple(value.__annotations__), value
     assert found >= 30
+
+
+def test_the_command_runs_nothing_from_the_callers_environment(tmp_path: Path) -> None:
+    """``make setup`` writes .venv/bin/corral (scripts/console-scripts), which starts Python
+    with -I and -S: a sitecustomize on PYTHONPATH (or a .pth file) does not run inside a
+    corral that root started.  Control: pip's kind of script, the same interpreter without
+    those flags, runs it."""
+    import subprocess
+    import sys
+
+    command = Path(sys.executable).with_name("corral")
+    assert command.read_text().startswith(f"#!{Path(sys.executable).with_name('python')} -IS\n")
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    marker = tmp_path / "ran"
+    (planted / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(planted)}
+    r = subprocess.run([str(command), "--version"], env=env, capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0 and r.stdout.startswith("corral "), r
+    assert not marker.exists()
+    pip_like = [sys.executable, "-c", "import sys; from corral.cli import main; sys.exit(main())",
+                "--version"]
+    r = subprocess.run(pip_like, env=env, capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0 and marker.exists(), r  # the control

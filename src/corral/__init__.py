@@ -51,9 +51,9 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'corral' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    # __import__ with a fromlist gives the submodule itself; importlib (with warnings) is
+    # not imported for it at every command line's end.
+    return getattr(__import__(f"{__name__}.{_WHERE[name]}", fromlist=[name]), name)
 
 
 def __dir__() -> list[str]:

@@ -37,13 +37,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import signal
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 
 from . import fsops
+from . import sig as signal
 from .errors import STOPPING
 from .fswalk import join, move, walk
 from .guard import PROTECTED_NAMES, SELF_COMMONDIR, Finding

@@ -8,12 +8,12 @@ stderr: ``corral: error: WHAT; WHY; HOW TO FIX``.
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 from collections.abc import Sequence
 
+from . import jsonio
+from . import sig as signal
 from .errors import STOPPING, CorralError, Interrupted, UsageError
 from .options import Args
 from .record import replace
@@ -207,7 +207,7 @@ def cmd_run(args: Args, cmd: list[str]) -> int:
         print(f"corral: note: not enforced on this host (--allow unenforced-limits): "
               f"{', '.join(result.unenforced_limits)}", file=sys.stderr)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(jsonio.dumps(result.to_json()))
     ending = _ending(result, policy)
     if ending is not None and (not args.json or result.status == "error"):
         print(ending, file=sys.stderr)  # an error is said on stderr in --json mode too
@@ -227,6 +227,8 @@ def cmd_probe(args: Args) -> int:
     import shutil
 
     width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+    import json
+
     print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report, width))
     return 0 if report.passed else 1
 
@@ -244,6 +246,8 @@ def cmd_doctor(args: Args) -> int:
     from .doctor import render_text, report
 
     data = report()
+    import json
+
     print(json.dumps(data, indent=2) if args.json else render_text(data))
     return 0 if data["ready"] else 1
 
@@ -316,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
         _warn(e.notes)
         print(f"corral: error: {e}", file=sys.stderr)
         if json_mode:
-            print(json.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e),
+            print(jsonio.dumps({"status": "error", "exit_code": SETUP_FAILED, "error": str(e),
                               "notes": list(e.notes)}))
         code = SETUP_FAILED
     except Interrupted as e:
@@ -325,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
               file=sys.stderr)
         code = 128 + e.signum
         if json_mode:
-            print(json.dumps({"status": "interrupted", "exit_code": code,
+            print(jsonio.dumps({"status": "interrupted", "exit_code": code,
                               "signal": e.signum, "notes": list(e.notes)}))
     except KeyboardInterrupt:
         code = 130

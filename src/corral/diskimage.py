@@ -37,8 +37,6 @@ import errno
 import functools
 import os
 import stat
-import subprocess
-import zlib
 from collections.abc import Callable
 
 from . import limits, mountns
@@ -81,11 +79,17 @@ def unavailable(is_root: bool) -> str | None:
 
 def _format(fd: int, owner: tuple[int, int]) -> None:
     """mke2fs on the open (sized, sparse) file ``fd``."""
+    import subprocess  # once per size and owner (a template is kept): not every run's
+
     mke2fs = _mke2fs()
     assert mke2fs is not None  # checked by unavailable()
-    subprocess.run(limits.mke2fs_argv(mke2fs, f"/proc/self/fd/{fd}", owner), env={},
-                   stdin=subprocess.DEVNULL, capture_output=True, check=True,
-                   timeout=MKE2FS_TIMEOUT_S, pass_fds=[fd])
+    try:
+        subprocess.run(limits.mke2fs_argv(mke2fs, f"/proc/self/fd/{fd}", owner), env={},
+                       stdin=subprocess.DEVNULL, capture_output=True, check=True,
+                       timeout=MKE2FS_TIMEOUT_S, pass_fds=[fd])
+    except subprocess.SubprocessError as e:  # as OSError, the one error callers catch
+        said = (getattr(e, "stderr", None) or b"").decode(errors="replace").strip()
+        raise OSError(f"{e}{': ' + said.splitlines()[-1] if said else ''}") from None
 
 
 def templates_dir() -> str:
@@ -106,7 +110,10 @@ def template(folder: str, size: int, owner: tuple[int, int]) -> int | None:
     st = os.stat(mke2fs)
     shape = "\0".join([*limits.mke2fs_argv(mke2fs, "", owner), str(st.st_ino),
                        str(st.st_size), str(st.st_mtime_ns)])
-    name = f"ext4-{size}-{owner[0]}-{owner[1]}-{zlib.crc32(shape.encode()):08x}.img"
+    from .seccache import sha256  # loaded by every run already: no zlib for one checksum
+
+    digest = sha256(shape.encode()).hexdigest()[:8]
+    name = f"ext4-{size}-{owner[0]}-{owner[1]}-{digest}.img"
     with contextlib.suppress(FileExistsError):
         os.makedirs(folder, 0o700)
     dirfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -163,7 +170,7 @@ def _copy_template(folder: str, size: int, owner: tuple[int, int], dest: int) ->
     there is no usable template (the caller formats ``dest`` itself)."""
     try:
         src = template(folder, size, owner)
-    except (OSError, subprocess.SubprocessError):
+    except OSError:
         return False
     if src is None:
         return False

@@ -13,7 +13,6 @@ happened.
 from __future__ import annotations
 
 import os
-import subprocess
 
 from . import cgroups, limits
 from .bwrap import PathHandle, Sandbox
@@ -77,7 +76,7 @@ def make_image(run_root: str, capacity: int, owner: tuple[int, int]) -> tuple[Im
                             diskimage.templates_dir())
     try:
         image.create()
-    except (OSError, subprocess.SubprocessError) as e:
+    except OSError as e:  # mke2fs failing too (corral.diskimage._format)
         image.discard()
         return None, f"the workspace image could not be made ({e})"
     except BaseException:  # a signal while mke2fs ran: nothing of the run is in it yet

@@ -15,15 +15,18 @@ prints or exits; the CLI maps this whole tree to exit status 125 in one place.
 
 from __future__ import annotations
 
-import signal
+import functools
+
+from . import sig as signal
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from re import Pattern
     from threading import Thread
 
 __all__ = ["CorralError", "HostError", "Interrupted", "LaunchError", "ProfileError",
-           "UsageError", "start_thread"]
+           "UsageError", "pattern", "start_thread"]
 
 
 class CorralError(Exception):
@@ -61,6 +64,15 @@ STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal
 # one would only be held, or kill the process outright).
 _SYNCHRONOUS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTRAP,
                 signal.SIGSYS, signal.SIGPIPE, signal.SIGXFSZ}
+
+
+@functools.cache
+def pattern(text: str) -> Pattern[str]:
+    """``re.compile(text)``, made at its first use: importing re (with enum) and compiling
+    at import time cost every ``corral run`` a few ms for patterns most runs never use."""
+    import re
+
+    return re.compile(text)
 
 
 def start_thread(target: Callable[..., object], name: str, *args: object) -> Thread:

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-import re
 import stat
-import subprocess
 
 from .errors import HostError
 from .record import NamedTuple
@@ -86,7 +84,7 @@ def _read(path: str) -> str | None:
 
 MAX_BWRAP_BYTES = 8 << 20  # bwrap is ~70 KiB; a bigger file is not read for its version
 # bwrap --version prints PACKAGE_STRING, one NUL-terminated constant in the binary
-_PACKAGE_STRING = rb"\0bubblewrap (\d+)\.(\d+)\.(\d+)\n?\0"
+_PACKAGE_HEAD = b"\0bubblewrap "
 
 
 def _bwrap_version(path: str) -> tuple[int, int, int] | None:
@@ -109,14 +107,31 @@ def _version_in_binary(path: str) -> tuple[int, int, int] | None:
         return None
     finally:
         os.close(fd)
-    found = re.findall(_PACKAGE_STRING, data) if len(data) <= MAX_BWRAP_BYTES else []
+    found = _package_strings(data) if len(data) <= MAX_BWRAP_BYTES else []
     if len(found) != 1:  # a wrapper script, another build: ask the program
         return None
-    major, minor, micro = found[0]
-    return int(major), int(minor), int(micro)
+    return found[0]
+
+
+def _package_strings(data: bytes) -> list[tuple[int, int, int]]:
+    """Each ``\\0bubblewrap X.Y.Z\\0`` (a newline allowed before the last NUL) in ``data``:
+    the version string bwrap is built with.  By hand, not with re: the command line does
+    not import re (with enum) for this alone."""
+    found, at = [], data.find(_PACKAGE_HEAD)
+    while at >= 0:
+        end = data.find(b"\0", at + len(_PACKAGE_HEAD))
+        word = data[at + len(_PACKAGE_HEAD):end].removesuffix(b"\n") if end >= 0 else b""
+        parts = word.split(b".")
+        if len(parts) == 3 and all(p.isdigit() for p in parts):
+            found.append((int(parts[0]), int(parts[1]), int(parts[2])))
+        at = data.find(_PACKAGE_HEAD, at + 1)
+    return found
 
 
 def _version_by_running(path: str) -> tuple[int, int, int] | None:
+    import re
+    import subprocess
+
     try:
         out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10,
                              env={"PATH": "/usr/bin:/bin"}, check=False).stdout

@@ -25,19 +25,24 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import re
 from collections.abc import Sequence
 
 from . import fsops
-from .errors import UsageError
+from .errors import UsageError, pattern
 from .policy import check_path
 
-__all__ = ["INTERPRETER", "check_prefix", "homes", "installed", "prefix_of",
+__all__ = ["check_prefix", "homes", "installed", "is_interpreter", "prefix_of",
            "pyenv_roots", "venv", "which", "which_command"]
 
-INTERPRETER = re.compile(r"(python|pypy|node|nodejs|deno|bun|ruby|perl)[\d.]*\Z")
-VERSION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\Z")
+_INTERPRETERS = frozenset(("python", "pypy", "node", "nodejs", "deno", "bun", "ruby", "perl"))
+VERSION_NAME = r"[A-Za-z0-9][A-Za-z0-9._+-]*\Z"  # compiled where used: corral.errors.pattern
 SMALL = 64 << 10  # bytes of a .python-version or pyvenv.cfg read
+
+
+def is_interpreter(name: str) -> bool:
+    """Whether the program name ``name`` is an interpreter's (``python3.11``, ``node``,
+    ``perl5.36``): one of the names, then ASCII digits and dots only."""
+    return name.rstrip("0123456789.") in _INTERPRETERS
 
 
 def _under(path: str, roots: Sequence[str]) -> bool:
@@ -179,7 +184,7 @@ def _names(text: str, root: str) -> list[str]:
     a path, ``..``, or a name with no installation is not a version corral will use."""
     out = []
     for word in text.split():
-        if word == "system" or (VERSION_NAME.match(word) and not word.startswith(".")
+        if word == "system" or (pattern(VERSION_NAME).match(word) and not word.startswith(".")
                                 and os.path.isdir(os.path.join(root, "versions", word))):
             out.append(word)
     return out

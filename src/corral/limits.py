@@ -27,7 +27,6 @@ gives one to every user session: ``systemd-run --user --scope``).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 
@@ -190,7 +189,7 @@ def tcp_share(memory: int) -> int:
 
 
 def cfs_quota(cpus: float) -> int:
-    return max(MIN_CFS_QUOTA_US, math.ceil(cpus * CFS_PERIOD_US))
+    return max(MIN_CFS_QUOTA_US, -int(-cpus * CFS_PERIOD_US // 1))  # ceil, without math
 
 
 def plan(limits: Limits, access: Access, allow_unenforced: bool) -> Plan:

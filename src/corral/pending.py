@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import os
 import stat
 from collections.abc import Sequence
 
-from . import guard
+from . import guard, jsonio
 from .audit import Action, Auditor, Census
 from .errors import UsageError
 from .workspace import is_run_id
@@ -153,7 +152,7 @@ def owe(runs_dir: str, run_id: str, census: Census, root: str | None,
         return None
     entry = {"pid": os.getpid(), "started": _started(os.getpid()), "root": root,
              "census": _to_json(census)}
-    data = json.dumps(entry).encode()
+    data = jsonio.dumps(entry).encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                  0o600)
     with os.fdopen(fd, "wb") as f:
@@ -254,7 +253,7 @@ def _load(path: str) -> dict[str, Any] | None:
     if key is None or not _same(mac, _mac(key, raw).encode()):
         return None  # not corral's own (or its key is gone): nothing in it is believed
     try:
-        data = json.loads(raw)
+        data = jsonio.loads(raw)
     except ValueError:
         return None
     return data if isinstance(data, dict) else None

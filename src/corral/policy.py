@@ -10,8 +10,6 @@ nowhere else.
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping, Sequence
 
 from .errors import UsageError
@@ -19,11 +17,13 @@ from .record import Record, field, field_names, replace
 
 __all__ = ["Allow", "Limits", "Network", "Policy", "State", "parse_duration", "parse_size"]
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\Z", re.IGNORECASE)
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\Z")
+_DIGITS = frozenset("0123456789")
+_INF = float("inf")  # (math is not imported at every start for isfinite)
+_SIZE_SUFFIXES = ("", "i", "b", "ib")  # after K, M, G or T, or none: 64KiB, 1kb, 512b
+_ENV_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_ENV_REST = _ENV_FIRST | frozenset("0123456789")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "": 1.0}
 MiB = 1 << 20
 # Processes of corral's own in every run (bwrap, bwrap's PID 1 inside, corral's init): the
 # pids limit gets them on top, and they hold open files too.
@@ -36,19 +36,34 @@ MIN_NOFILE = 64
 MAX_PTYS = 256
 
 
+def _number_and_unit(text: str) -> tuple[str, str] | None:
+    """``text`` (spaces around it dropped) as a decimal number, ``12`` or ``1.5`` in ASCII
+    digits, and the unit after it (spaces between dropped); None when it does not start
+    with one.  By hand, not with re: every profile's limits are read at every start."""
+    text = text.strip()
+    end = next((i for i, c in enumerate(text) if c not in _DIGITS), len(text))
+    if end == 0:
+        return None
+    if text[end:end + 1] == "." and text[end + 1:end + 2] in _DIGITS and text[end + 1:end + 2]:
+        end = next((i for i in range(end + 1, len(text)) if text[i] not in _DIGITS), len(text))
+    return text[:end], text[end:].lstrip()
+
+
 def parse_size(text: str | int, what: str = "size") -> int:
     """Parse ``512M``, ``1G``, ``64KiB`` or a plain byte count (binary units)."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
-        match = _SIZE.match(str(text).strip())
-        if match is None:
+        found = _number_and_unit(str(text))
+        unit = found[1].lower() if found is not None else ""
+        scale, suffix = (unit[:1], unit[1:]) if unit[:1] in _UNITS else ("", unit)
+        if found is None or suffix not in _SIZE_SUFFIXES:
             raise UsageError(
                 f"{what} {text!r} is not a size",
                 "sizes are a number with an optional unit K, M, G or T (powers of 1024)",
                 "write it like 512M or 2G",
             )
-        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        value = int(float(found[0]) * _UNITS[scale])
     if value <= 0:
         raise UsageError(f"{what} {text!r} must be positive", "", "give a size above zero")
     return value
@@ -59,15 +74,15 @@ def parse_duration(text: str | float, what: str = "duration") -> float:
     if isinstance(text, int | float) and not isinstance(text, bool):
         value = float(text)
     else:
-        match = _DURATION.match(str(text).strip())
-        if match is None:
+        found = _number_and_unit(str(text))
+        if found is None or found[1] not in _SECONDS:
             raise UsageError(
                 f"{what} {text!r} is not a duration",
                 "durations are a number of seconds, or a number with ms, s, m or h",
                 "write it like 30, 30s or 5m",
             )
-        value = float(match.group(1)) * _SECONDS[match.group(2)]
-    if not math.isfinite(value) or value <= 0:
+        value = float(found[0]) * _SECONDS[found[1]]
+    if not 0 < value < _INF:  # NaN and infinity too
         raise UsageError(f"{what} {text!r} must be positive", "", "give a duration above zero")
     return value
 
@@ -92,8 +107,13 @@ def check_policy_path(path: str, what: str) -> str:
     return path
 
 
+def is_env_name(name: str) -> bool:
+    """``[A-Za-z_][A-Za-z0-9_]*``: ASCII letters, digits and underscores, not a digit first."""
+    return bool(name) and name[0] in _ENV_FIRST and all(c in _ENV_REST for c in name)
+
+
 def check_env_name(name: str) -> str:
-    if not ENV_NAME.match(name):
+    if not is_env_name(name):
         raise UsageError(
             f"environment variable name {name!r} is not valid",
             "names are letters, digits and underscores, not starting with a digit",

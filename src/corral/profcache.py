@@ -15,10 +15,10 @@ different.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 
+from . import jsonio
 from .seccache import read_trusted, write_json
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
@@ -39,7 +39,7 @@ def _path() -> str:
 def _texts(path: str) -> dict[str, Any]:
     raw = read_trusted(path)
     try:
-        data = json.loads(raw) if raw is not None else {}
+        data = jsonio.loads(raw) if raw is not None else {}
         if data.get("format") == FORMAT and isinstance(data.get("texts"), dict):
             return data["texts"]  # type: ignore[no-any-return]
     except (ValueError, AttributeError):
@@ -57,7 +57,7 @@ def lookup(text: bytes, path: str | None = None) -> dict[str, Any] | None:
     if not isinstance(found, str):
         return None
     try:  # decoded at each call: the caller gets data of its own, as from tomllib
-        data = json.loads(found)
+        data = jsonio.loads(found)
     except ValueError:
         return None
     return data if isinstance(data, dict) else None
@@ -85,8 +85,8 @@ def write(path: str | None = None) -> str:
         with open(os.path.join(SHIPPED, f"{name}.toml"), "rb") as f:
             text = f.read().decode("utf-8")  # as lookup() decodes: no newline translation
         data = tomllib.loads(text)
-        encoded = json.dumps(data)
-        if _same(json.loads(encoded), data):  # else (a TOML date, say) left to tomllib
+        encoded = jsonio.dumps(data)
+        if _same(jsonio.loads(encoded), data):  # else (a TOML date, say) left to tomllib
             texts[text] = encoded
     return write_json(path or _path(), {"format": FORMAT, "texts": texts})
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from . import fsops
 from .errors import UsageError
-from .interp import INTERPRETER, installed
+from .interp import installed, is_interpreter
 from .reach import can_reach
 
 __all__ = ["needed"]
@@ -90,7 +90,7 @@ def _interpreter_prefix(real: str, home: str) -> str | None:
     """An interpreter's installation prefix, which its standard library lives in."""
     bindir = os.path.dirname(real)
     prefix = os.path.dirname(bindir)
-    if not INTERPRETER.match(os.path.basename(real)) or os.path.basename(bindir) != "bin":
+    if not is_interpreter(os.path.basename(real)) or os.path.basename(bindir) != "bin":
         return None
     if not _safe_folder(prefix, home) or not installed(prefix, real):
         return None

@@ -17,7 +17,7 @@ from . import cinit, fsops, interp, seccomp
 from .bwrap import DEV_SEAL, ROOT_SEAL, Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
-from .interp import INTERPRETER, check_prefix, prefix_of, which_command
+from .interp import check_prefix, is_interpreter, prefix_of, which_command
 from .policy import Policy, passed
 from .reach import dir_modes
 from .record import NamedTuple
@@ -81,7 +81,7 @@ def resolve_command(argv: Sequence[str], visible: Sequence[str], search: str,
         if _is_under(path, visible) or _is_under(path, prefixes):
             continue
         prefix = prefix_of(path)
-        if prefix is None or not INTERPRETER.match(os.path.basename(path)):
+        if prefix is None or not is_interpreter(os.path.basename(path)):
             raise UsageError(
                 f"command {name!r} is {path}, outside the sandbox's read-only base",
                 "only /usr and known interpreter prefixes are visible inside",

@@ -21,10 +21,11 @@ as before: the cache can make a start slower, never different.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import stat
 import sys
+
+from . import jsonio
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
@@ -37,8 +38,8 @@ else:
     except ImportError:  # Python 3.12 renamed it
         from hashlib import sha256
 
-__all__ = ["CACHE_NAME", "FORMAT", "cache_path", "key", "load", "read_trusted", "write",
-           "write_json"]
+__all__ = ["CACHE_NAME", "FORMAT", "cache_path", "key", "load", "read_trusted", "sha256",
+           "write", "write_json"]
 
 CACHE_NAME = "seccomp.cache"
 FORMAT = "corral-seccomp-cache 1"
@@ -110,7 +111,7 @@ def load(key_hex: str | None, path: str | None = None) -> Programs | None:
     if raw is None:
         return None
     try:
-        data = json.loads(raw)
+        data = jsonio.loads(raw)
         if data["format"] != FORMAT or data["key"] != key_hex or type(data["pid"]) is not int:
             return None
         programs = Programs(bytes.fromhex(data["sandbox"]), bytes.fromhex(data["payload"]),
@@ -147,7 +148,7 @@ def write_json(dest: str, body: object) -> str:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(body, f)
+            f.write(jsonio.dumps(body))
         os.replace(tmp, dest)
     except BaseException:
         os.unlink(tmp)

@@ -24,12 +24,12 @@ import contextlib
 import errno
 import fcntl
 import os
-import signal
 import struct
 import termios
 import time
 from collections.abc import Callable
 
+from . import sig as signal
 from . import termout
 from .errors import LaunchError
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 
-from . import fsops
+from . import fsops, jsonio
 from .errors import UsageError
 from .fswalk import remove
 from .policy import check_path
@@ -624,7 +623,7 @@ def write_record(path: str, record: dict[str, Any]) -> None:
     One line of JSON: json's C encoder serves only ``indent=None``, and a record is written
     twice a run (the indented form cost ~0.3 ms each in pure Python); ``corral show`` and
     ``jq`` print it indented."""
-    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    data = (jsonio.dumps(record, sort_keys=True) + "\n").encode()
     tmp = f"{path}.{os.urandom(4).hex()}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:

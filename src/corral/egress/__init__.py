@@ -43,9 +43,8 @@ if TYPE_CHECKING:
 def __getattr__(name: str) -> Any:
     if name not in _WHERE:
         raise AttributeError(f"module 'corral.egress' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    # __import__ with a fromlist gives the submodule itself (corral/__init__.py says why)
+    return getattr(__import__(f"{__name__}.{_WHERE[name]}", fromlist=[name]), name)
 
 
 def fork_proxies() -> None:
