@@ -3,6 +3,7 @@ processes, no sandbox; tests/test_disk.py runs the same attacks in real sandboxe
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import stat
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import Identity
 from corral import diskuse
 from corral.diskuse import BLOCK, MAX_DEPTH, Unmeasurable, measure
 from corral.watch import Watch
@@ -122,6 +124,42 @@ def test_a_directory_without_search_rights_is_restored_or_refused(tmp_path: Path
     finally:
         ws.chmod(0o700)
         (ws / "d").chmod(0o700)
+
+
+SEARCH_TAKEN = r"""
+import json, os, sys
+from corral import diskuse
+d = os.path.join(sys.argv[1], "x")
+os.mkdir(d)
+with open(os.path.join(d, "f"), "w") as f:
+    f.write("q")
+fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)  # opened, and its rights checked: 0755
+os.chmod(d, 0)  # then taken away, as a payload racing the watcher does
+out = {}
+try:
+    diskuse._stat("f", fd, False)
+    out["plain"] = "read"
+except PermissionError:
+    out["plain"] = "refused"
+diskuse._stat("f", fd, True)
+out["mode"] = os.stat(d).st_mode & 0o777
+print(json.dumps(out))
+"""
+
+
+def test_search_taken_away_after_the_open_is_given_back(who: Identity) -> None:
+    """A payload that takes a directory's search right away between the watcher's open
+    (rights checked) and its look at an entry: the entry is still measured (the rights
+    come back, as for a directory locked before); control: without ``restore`` the look
+    is refused, which made the run unmeasurable and stopped it (a false disk-limit)."""
+    r = subprocess.run([*who.prefix(), "-c", SEARCH_TAKEN, str(who.tmp)], env=who.environ(),
+                       cwd=who.tmp, capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    if who.is_root:  # root looks regardless: nothing to give back
+        assert out == {"plain": "read", "mode": 0}, out
+    else:
+        assert out == {"plain": "refused", "mode": 0o700}, out
 
 
 # -- the disk measure against descriptor tricks and floods (real processes, no sandbox) ----
