@@ -149,6 +149,35 @@ def test_a_reused_workspaces_submodule_and_worktree_keep_their_git_files(
     assert ".git/modules/sub/config" in r["lost"] and r["gone"], r  # type: ignore[operator]
 
 
+def test_a_hooks_folder_renamed_into_a_reused_workspaces_git_is_audited(who: Identity) -> None:
+    """Review 11: a folder made before the run, renamed into .git during it, keeps its
+    files' change times; the census's folder identities tell it apart.  Control: the same
+    census without them keeps the planted hook."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        git(top, "init", "-q", ".")
+        os.mkdir(os.path.join(top, "stash"))  # an earlier run's, ordinary folder
+        with open(os.path.join(top, "stash/pre-commit"), "w") as f:
+            f.write("#!/bin/sh\\necho planted\\n")
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        os.rename(os.path.join(top, ".git/hooks"), os.path.join(top, "old-hooks"))
+        os.rename(os.path.join(top, "stash"), os.path.join(top, ".git/hooks"))
+        blind = audit.Census(census.trees, census.names, census.gitdirs,
+                             protected=census.protected, backups=census.backups,
+                             started_ns=census.started_ns)
+        kept = [a.did for a in audit.Auditor(blind, lambda: q).run()]
+        seen = [a.did for a in audit.Auditor(census, lambda: q).run()
+                if a.path.endswith("pre-commit")]
+        print(json.dumps({{"kept": kept, "seen": seen,
+                          "left": os.path.exists(os.path.join(top, ".git/hooks/pre-commit"))}}))
+    """)
+    assert "quarantined" in r["seen"] and r["left"] is False, r  # type: ignore[operator]
+    assert "quarantined" not in r["kept"], r  # type: ignore[operator]  # the control
+
+
 def test_set_id_bits_set_during_the_run_are_cleared(who: Identity) -> None:
     r = as_identity(who, f"""
         top = {str(who.tmp)!r}

@@ -631,6 +631,16 @@ class Dying(real_popen):
         if bwrap:
             os.kill(os.getpid(), signal.SIGKILL)
 subprocess.Popen = Dying
+real_spawn = os.posix_spawn
+def dying_spawn(path, args, *rest, **kw):  # the compiled init's start (launch.spawn)
+    bwrap = "--args" in args
+    if bwrap and mode != "protected":
+        path, args = "/bin/sh", ["/bin/sh", "-c", WAIT_FOR_LAUNCHER, str(os.getpid()), *args]
+    pid = real_spawn(path, args, *rest, **kw)
+    if bwrap:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return pid
+os.posix_spawn = dying_spawn
 if mode == "unread":  # control: bwrap keeps no reader of its --json-status-fd pipe
     def argv(self, *a):
         words, keep = real_argv(self, *a)

@@ -283,7 +283,9 @@ def test_a_signal_while_the_image_is_made_leaves_no_image(tmp_path: Path,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(diskimage, "_mke2fs", lambda: "/sbin/mke2fs")
-    monkeypatch.setattr(diskimage.subprocess, "run", interrupted)
+    import subprocess  # diskimage imports it where mke2fs runs
+
+    monkeypatch.setattr(subprocess, "run", interrupted)
     with pytest.raises(KeyboardInterrupt):
         enforce.make_image(str(tmp_path), 8 * MiB, (os.getuid(), os.getgid()))
     assert made == [True]

@@ -106,6 +106,18 @@ class Census(Record):
     backups: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # path: data, mode
     commands: dict[str, frozenset[str]] = field(default_factory=dict)  # gitstate.at_launch
     started_ns: int = field(default_factory=time.time_ns)
+    # (dev, ino) of each git directory and its hooks folder at launch, in a reused
+    # workspace: a folder renamed into place keeps its files' change times, so the
+    # folder's own identity tells it apart (review 11)
+    folders: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def swapped(self, tree: fsops.Tree, rel: str) -> bool:
+        """Whether the folder ``rel`` is not the one the census saw there."""
+        want = self.folders.get(tree.path(rel))
+        if want is None:
+            return False
+        st = tree.lstat(rel)
+        return st is None or (st.st_dev, st.st_ino) != want
 
     def changed(self, st: os.stat_result | None) -> bool:
         return st is not None and st.st_ctime_ns >= self.started_ns
@@ -196,14 +208,15 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     linked: set[str] = set()
     protected, budget = set(), [BACKUP_TOTAL]
     backups: dict[str, tuple[bytes, int]] = {}
+    folders: dict[str, tuple[int, int]] = {}
     with fsops.Tree(top, owner) as tree:
         try:
             for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
                 if here and (tree.path(here) in gitdirs or _holds_git_dir(tree, here)):
                     if tree.path(here) not in gitdirs:  # its first part
                         gitdirs.add(tree.path(here))
-                        _keep(tree, here, backups, budget)
-                        _nested_census(tree, here, linked, backups, budget)
+                        _keep(tree, here, backups, budget, folders)
+                        _nested_census(tree, here, linked, backups, budget, folders)
                     entries.clear()
                     continue
                 for e in [e for e in entries if e.name in names or e.name == ".git"]:
@@ -211,20 +224,21 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                     protected.add(tree.path(rel))
                     if e.name == ".git" and e.kind == "dir":
                         gitdirs.add(tree.path(rel))
-                        _keep(tree, rel, backups, budget)
-                        _nested_census(tree, rel, linked, backups, budget)
+                        _keep(tree, rel, backups, budget, folders)
+                        _nested_census(tree, rel, linked, backups, budget, folders)
                     elif e.kind == "file":
                         _copy(tree, rel, backups, budget)
                     entries.remove(e)
         except OSError:
             pass  # an unreadable corner: the audit then quarantines what it cannot compare
     return Census(((top, owner),), names, frozenset(gitdirs), linked=frozenset(linked),
-                  protected=frozenset(protected), backups=backups,
+                  protected=frozenset(protected), backups=backups, folders=folders,
                   commands=gitstate.at_launch([(top, owner)], gitdirs | linked))
 
 
 def _nested_census(tree: fsops.Tree, gitdir: str, linked: set[str],
-                   backups: dict[str, tuple[bytes, int]], budget: list[int]) -> None:
+                   backups: dict[str, tuple[bytes, int]], budget: list[int],
+                   folders: dict[str, tuple[int, int]]) -> None:
     """The submodules' and worktrees' git directories in ``gitdir``'s modules/ and
     worktrees/, found as the audit finds them (Auditor._gitdir): recorded with their
     controls kept, else the audit takes them for ones made during the run and quarantines
@@ -237,7 +251,7 @@ def _nested_census(tree: fsops.Tree, gitdir: str, linked: set[str],
                     tree.lstat(f"{here}/config") is not None or _holds_git_dir(tree, here))):
                 if tree.path(here) not in linked:  # its first part
                     linked.add(tree.path(here))
-                    _keep(tree, here, backups, budget)
+                    _keep(tree, here, backups, budget, folders)
                     _copy(tree, f"{here}/commondir", backups, budget)
                 entries[:] = [e for e in entries if e.name in _repos().NESTED]
 
@@ -258,7 +272,11 @@ def _holds_git_dir(tree: fsops.Tree, rel: str) -> bool:
 
 
 def _keep(tree: fsops.Tree, gitdir: str, backups: dict[str, tuple[bytes, int]],
-          budget: list[int]) -> None:
+          budget: list[int], folders: dict[str, tuple[int, int]] | None = None) -> None:
+    for folder in (gitdir, f"{gitdir}/hooks"):
+        st = tree.lstat(folder)
+        if st is not None and folders is not None:
+            folders[tree.path(folder)] = (st.st_dev, st.st_ino)
     for name in ("config", "config.worktree"):
         _copy(tree, f"{gitdir}/{name}", backups, budget)
     if tree.lstat(f"{gitdir}/hooks") is not None:
@@ -408,8 +426,10 @@ class Auditor:
                         and self.census.changed(e.st):
                     self._strip(tree, join(here, e.name))
         path = tree.path(rel)
-        new = path not in self.census.gitdirs and path not in self.census.linked
+        new = (path not in self.census.gitdirs and path not in self.census.linked) or \
+            self.census.swapped(tree, rel)  # a folder renamed into its place: as new
         main = path not in self.census.linked
+        hooks_swapped = self.census.swapped(tree, f"{rel}/hooks")
         for name, rule in _controls(tree, rel):
             sub = f"{rel}/{name}"
             st = tree.lstat(sub)
@@ -419,7 +439,8 @@ class Auditor:
                 if rule != "config" or not self._inert(tree, sub):
                     self._quarantine(tree, sub, "in a git directory made during the run: "
                                      "git would run or obey it on the host")
-            elif (name == "commondir" and main) or self.census.changed(st):
+            elif (name == "commondir" and main) or self.census.changed(st) or (
+                    rule == "hook" and hooks_swapped):
                 self._quarantine(tree, sub, "changed during the run: git would run or obey "
                                  "it on the host", restore=True)
         if new:

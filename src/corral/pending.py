@@ -114,7 +114,8 @@ def _to_json(census: Census) -> dict[str, Any]:
             "linked": sorted(census.linked), "protected": sorted(census.protected),
             "placeholders": [list(p) for p in census.placeholders],
             "hook_folders": list(census.hook_folders), "started_ns": census.started_ns,
-            "commands": {k: sorted(v) for k, v in census.commands.items()}}
+            "commands": {k: sorted(v) for k, v in census.commands.items()},
+            "folders": {k: list(v) for k, v in census.folders.items()}}
 
 
 def _from_json(data: dict[str, Any]) -> Census:
@@ -128,7 +129,9 @@ def _from_json(data: dict[str, Any]) -> Census:
                   hook_folders=tuple(map(str, data.get("hook_folders", ()))),
                   started_ns=int(data["started_ns"]),
                   commands={str(k): frozenset(map(str, v))
-                            for k, v in data.get("commands", {}).items()})
+                            for k, v in data.get("commands", {}).items()},
+                  folders={str(k): (int(v[0]), int(v[1]))
+                           for k, v in data.get("folders", {}).items()})
 
 
 def _inside(runs: str, writable: Sequence[str]) -> bool:
