@@ -380,3 +380,21 @@ def test_root_mode_leaves_no_capability_in_any_set(root: Identity, bwrap: str) -
     ctl = raw_bwrap(bwrap, ["--unshare-pid", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID"],
                     ["/bin/sh", "-c", show])
     assert "CapInh:\t0000000000000000" not in ctl.stdout, ctl.stdout
+
+
+def test_a_closed_stderr_gives_the_payload_no_host_handle(who: Identity) -> None:
+    """Review 11: with descriptor 2 closed, one of corral's lock folders took its number and
+    the payload got it as its stderr, a handle on a host folder.  corral now opens /dev/null
+    on a closed 0, 1 or 2 first.  Control: without that, the payload's fd 2 is a folder."""
+    show = "readlink /proc/self/fd/2 >&1"
+    script = ("import os, sys; from corral import errors; os.close(2)\n"
+              "if sys.argv[1] == 'off': errors.standard_streams = lambda: None\n"
+              "from corral.cli import main\n"
+              f"main(['run', '--', '/bin/sh', '-c', {show!r}])\n")
+    seen = {}
+    for mode in ("on", "off"):
+        r = subprocess.run([*who.prefix(), "-c", script, mode], env=who.environ(), cwd=who.tmp,
+                           capture_output=True, text=True, timeout=120, check=False)
+        seen[mode] = r.stdout.strip()
+    assert seen["on"] == "/dev/null", seen
+    assert seen["off"].startswith("/") and seen["off"] != "/dev/null", seen  # the control

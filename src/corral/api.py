@@ -171,6 +171,9 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     ``runs_dir``), runs it with :func:`corral.execute.run_request` and returns its
     :class:`~corral.result.RunResult`, which never raises for a bad request.
     """
+    from .errors import standard_streams
+
+    standard_streams()
     requests = sys.modules.get("corral.request")  # not imported: cmd cannot be a RunRequest
     if requests is not None and isinstance(cmd, requests.RunRequest):
         if policy is not None or workspace_dir or inputs or not capture or stdin or env:

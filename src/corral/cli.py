@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from . import jsonio
 from . import sig as signal
-from .errors import STOPPING, CorralError, Interrupted, UsageError
+from .errors import STOPPING, CorralError, Interrupted, UsageError, standard_streams
 from .options import Args
 from .record import replace
 
@@ -274,6 +274,7 @@ def _stop(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
+    standard_streams()
     console = argv is None  # the console script, not a caller in its own process
     argv = list(sys.argv[1:] if argv is None else argv)
     options, cmd = _split(argv)

@@ -16,6 +16,7 @@ prints or exits; the CLI maps this whole tree to exit status 125 in one place.
 from __future__ import annotations
 
 import functools
+import os
 
 from . import sig as signal
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from threading import Thread
 
 __all__ = ["CorralError", "HostError", "Interrupted", "LaunchError", "ProfileError",
-           "UsageError", "pattern", "start_thread"]
+           "UsageError", "pattern", "standard_streams", "start_thread"]
 
 
 class CorralError(Exception):
@@ -64,6 +65,23 @@ STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal
 # one would only be held, or kill the process outright).
 _SYNCHRONOUS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTRAP,
                 signal.SIGSYS, signal.SIGPIPE, signal.SIGXFSZ}
+
+
+def standard_streams() -> None:
+    """Descriptors 0, 1 and 2 open (on /dev/null where closed), before corral opens any of
+    its own: with 2 closed, a lock folder's descriptor took its number, and the launch,
+    handing the payload "corral's stderr", gave it a handle on a host folder (review 11)."""
+    import sys
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd``
+            os.set_inheritable(null, True)
+    for name in ("stdin", "stdout", "stderr"):  # Python leaves None for a closed one
+        if getattr(sys, name) is None:
+            setattr(sys, name, open(os.devnull, "r" if name == "stdin" else "w"))  # noqa: SIM115
 
 
 @functools.cache
