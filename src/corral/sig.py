@@ -40,70 +40,15 @@ if TYPE_CHECKING:  # the types of the signal module's own (its stubs: _signal ha
     )
 else:
     try:
-        from _signal import (
-            SIG_BLOCK,
-            SIG_DFL,
-            SIG_IGN,
-            SIG_SETMASK,
-            SIGALRM,
-            SIGBUS,
-            SIGCONT,
-            SIGFPE,
-            SIGHUP,
-            SIGILL,
-            SIGINT,
-            SIGKILL,
-            SIGPIPE,
-            SIGQUIT,
-            SIGSEGV,
-            SIGSTOP,
-            SIGSYS,
-            SIGTERM,
-            SIGTRAP,
-            SIGUSR1,
-            SIGUSR2,
-            SIGWINCH,
-            SIGXFSZ,
-            getsignal,
-            pidfd_send_signal,
-            pthread_sigmask,
-            signal,
-            valid_signals,
-        )
+        import _signal as _module
     except ImportError:  # another Python
-        from signal import (
-            SIG_BLOCK,
-            SIG_DFL,
-            SIG_IGN,
-            SIG_SETMASK,
-            SIGALRM,
-            SIGBUS,
-            SIGCONT,
-            SIGFPE,
-            SIGHUP,
-            SIGILL,
-            SIGINT,
-            SIGKILL,
-            SIGPIPE,
-            SIGQUIT,
-            SIGSEGV,
-            SIGSTOP,
-            SIGSYS,
-            SIGTERM,
-            SIGTRAP,
-            SIGUSR1,
-            SIGUSR2,
-            SIGWINCH,
-            SIGXFSZ,
-            getsignal,
-            pidfd_send_signal,
-            pthread_sigmask,
-            signal,
-            valid_signals,
-        )
+        import signal as _module
 
 __all__ = [
     "SIGALRM", "SIGBUS", "SIGCONT", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGKILL",
     "SIGPIPE", "SIGQUIT", "SIGSEGV", "SIGSTOP", "SIGSYS", "SIGTERM", "SIGTRAP", "SIGUSR1",
     "SIGUSR2", "SIGWINCH", "SIGXFSZ", "SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK",
     "getsignal", "pidfd_send_signal", "pthread_sigmask", "signal", "valid_signals"]
+
+if not TYPE_CHECKING:
+    globals().update({name: getattr(_module, name) for name in __all__})
