@@ -162,6 +162,82 @@ def test_search_taken_away_after_the_open_is_given_back(who: Identity) -> None:
         assert out == {"plain": "refused", "mode": 0o700}, out
 
 
+MAPPED_CHILD = r"""
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)
+os.write(fd, b"x" * (5 << 20))
+m = mmap.mmap(fd, 4096)  # Python's mmap keeps a duplicate of the descriptor
+os.unlink(sys.argv[1])
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+MAPPED_THEN_GONE = r"""
+import json, subprocess, sys
+from corral import diskuse
+ws, child_code = sys.argv[1], sys.argv[2]
+out, firsts, calls = {}, [], []
+held, reread = diskuse._count_held, diskuse._mapped_deleted
+
+
+def exits_first(pids, *args):  # the child exits between the mappings' and descriptors' reads
+    if not firsts:
+        firsts.append(child)
+        child.kill()
+        child.wait()
+    return held(pids, *args)
+
+
+def first_read_only(pids, *args):  # control: the mappings as the first read saw them
+    calls.append(reread(pids, *args))
+    return calls[0]
+
+
+def measure(name):
+    global child
+    child = subprocess.Popen([sys.executable, "-c", child_code, ws + "/m"],
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    firsts.clear()
+    calls.clear()
+    try:
+        use = diskuse.measure(ws, pids=lambda: [] if child.poll() is not None else [child.pid])
+        out[name] = use.bytes >> 20
+    except diskuse.Unmeasurable as e:
+        out[name] = str(e)
+
+
+diskuse._count_held = exits_first
+measure("exited")
+diskuse._mapped_deleted = first_read_only
+measure("control")
+print(json.dumps(out))
+"""
+
+
+def test_a_process_that_exits_between_the_reads_is_not_taken_for_hiding_files(
+        who: Identity) -> None:
+    """A file mapped, its descriptor kept, by a process that exits between the measure's
+    read of the mappings and its read of the descriptors (the kernel unmaps before it
+    closes them): seen mapped, then held by no descriptor, it was taken for a file hidden
+    behind a mapping, which a plain user's launcher cannot size, and the run was stopped
+    (CI: a false disk-limit).  The mappings are read again before that verdict; control:
+    judged on the first read alone, the plain user's measure refuses."""
+    ws = who.tmp / "mapws"
+    ws.mkdir()
+    who.chown(ws)
+    r = subprocess.run([*who.prefix(), "-c", MAPPED_THEN_GONE, str(ws), MAPPED_CHILD],
+                       env=who.environ(), cwd=who.tmp, capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["exited"] == 0, out
+    if who.is_root:  # root sizes what a mapping holds, here nothing: no verdict to refuse
+        assert out["control"] == 0, out
+    else:
+        assert "whose size only root may read" in str(out["control"]), out
+
+
 # -- the disk measure against descriptor tricks and floods (real processes, no sandbox) ----
 
 HOLD = r"""

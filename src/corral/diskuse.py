@@ -37,7 +37,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .record import Record
 
@@ -240,31 +240,59 @@ def corrals_own(pid: int) -> bool:
     return ns is not None and len(ns) == _own_depth() + 1 and ns[-1] in OWN_NS_PIDS
 
 
-def _deleted_open_files(pids: Iterable[int], dev: int, count: _Counter) -> None:
+def _deleted_open_files(listing: Callable[[], Iterable[int]], dev: int,
+                        count: _Counter) -> None:
     """Inodes on ``dev`` that the run's threads hold after unlinking them.
 
     Any type, not only regular files: a directory keeps every block it ever
     grew to (ext4 never shrinks one), so an emptied one, removed while a
     descriptor or a working directory holds it, took 56 MiB under
     ``--disk 16M`` unseen; a symlink held with ``O_PATH`` keeps its block.
+
+    A file the payload opened, mapped and closed is held by its mapping alone.  Mappings
+    are read first and judged last: a file the payload unlinks between the two reads is
+    then one its descriptors still hold, seen below, never one taken for held by a
+    mapping alone (which, for a plain user, would stop the run as unmeasurable).  What
+    the descriptors did not show is judged only if it is still mapped when the
+    processes (``listing`` again) are read once more: a process that exited between
+    the reads (the kernel unmaps before it closes descriptors) showed its files mapped
+    and then no descriptor, and was taken for hiding them (CI).  A mapping reaches no
+    process but by ``fork``, and the newcomers' descriptors are read too.
     """
     seen: set[int] = set()
-    payload = [pid for pid in pids if not corrals_own(pid)]
-    # Mappings are read first and judged last: a file the payload unlinks between the two
-    # reads is then one its descriptors still hold, seen below, never one taken for held
-    # by a mapping alone (which, for a plain user, would stop the run as unmeasurable).
-    mapped = {pid: _mapped_deleted(pid, dev, count.budget) for pid in payload}
-    for pid in payload:
+    first = _payload(listing())
+    mapped = _mapped_deleted(first, dev, count.budget)
+    if not _count_held(first, dev, seen, count):
+        return
+    left = {ino for ino in mapped if ino not in seen}
+    if not left:
+        return
+    again = _payload(listing())
+    now = _mapped_deleted(again, dev, count.budget)
+    if not _count_held([pid for pid in again if pid not in first], dev, seen, count):
+        return
+    found = [path for ino, path in now.items() if ino in left and ino not in seen]
+    if found and os.geteuid() != 0:
+        raise Unmeasurable(f"the run maps {len(found)} deleted file(s) of the workspace "
+                           "that no descriptor holds, whose size only root may read")
+    _count_deleted(found, dev, seen, count)
+
+
+def _payload(pids: Iterable[int]) -> list[int]:
+    return [pid for pid in pids if not corrals_own(pid)]
+
+
+def _count_held(pids: list[int], dev: int, seen: set[int], count: _Counter) -> bool:
+    """Count the deleted files the threads of ``pids`` hold; False once over the limit."""
+    for pid in pids:
         try:
             tids = os.listdir(f"/proc/{pid}/task")
         except OSError:
             continue  # gone
         for tid in tids:
             if not _count_deleted(_held_paths(pid, tid), dev, seen, count):
-                return
-    for pid in payload:  # a mapped file may also be held by any descriptor above
-        if not _count_deleted(_mapped_only(pid, mapped[pid], seen), dev, seen, count):
-            return
+                return False
+    return True
 
 
 def _count_deleted(paths: Iterable[str], dev: int, seen: set[int], count: _Counter) -> bool:
@@ -282,34 +310,24 @@ def _count_deleted(paths: Iterable[str], dev: int, seen: set[int], count: _Count
     return True
 
 
-def _mapped_deleted(pid: int, dev: int, budget: _Budget) -> dict[int, str]:
-    """{inode: ``/proc/PID/map_files`` path} of the files on ``dev`` that process ``pid``
-    maps and that were deleted."""
+def _mapped_deleted(pids: list[int], dev: int, budget: _Budget) -> dict[int, str]:
+    """{inode: ``/proc/PID/map_files`` path} of the files on ``dev`` that the processes
+    ``pids`` map and that were deleted."""
     found: dict[int, str] = {}
-    try:
-        with open(f"/proc/{pid}/maps", "rb") as f:
-            for line in f:
-                budget.tick()
-                if not line.endswith(b" (deleted)\n"):
-                    continue
-                fields = line.split(None, 5)
-                major, _, minor = fields[3].partition(b":")
-                if (int(major, 16), int(minor, 16)) == (os.major(dev), os.minor(dev)):
-                    found.setdefault(int(fields[4]), f"/proc/{pid}/map_files/{fields[0].decode()}")
-    except (OSError, ValueError, IndexError):
-        return {}  # gone; or unreadable, which its descriptor tables were refused for
-    return found
-
-
-def _mapped_only(pid: int, mapped: dict[int, str], seen: set[int]) -> list[str]:
-    """Of ``mapped`` (:func:`_mapped_deleted`), the files no descriptor holds (opened,
-    mapped, closed: the mapping alone keeps every block), as paths to stat.  Only root may
-    stat those; a plain user's launcher cannot tell their size, so such a file makes the
-    run unmeasurable."""
-    found = [path for ino, path in mapped.items() if ino not in seen]
-    if found and os.geteuid() != 0:
-        raise Unmeasurable(f"process {pid} maps {len(found)} deleted file(s) of the "
-                           "workspace that no descriptor holds, whose size only root may read")
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                for line in f:
+                    budget.tick()
+                    if not line.endswith(b" (deleted)\n"):
+                        continue
+                    fields = line.split(None, 5)
+                    major, _, minor = fields[3].partition(b":")
+                    if (int(major, 16), int(minor, 16)) == (os.major(dev), os.minor(dev)):
+                        found.setdefault(int(fields[4]),
+                                         f"/proc/{pid}/map_files/{fields[0].decode()}")
+        except (OSError, ValueError, IndexError):
+            continue  # gone; or unreadable, which its descriptor tables were refused for
     return found
 
 
@@ -375,9 +393,11 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def measure(root: str, *, pids: Iterable[int] = (), stop_at: int = 1 << 62,
-            restore: bool = False, stop: threading.Event | None = None) -> DiskUse:
-    """How much of the disk ``root`` and the files ``pids`` hold open take up.
+def measure(root: str, *, pids: Iterable[int] | Callable[[], Iterable[int]] = (),
+            stop_at: int = 1 << 62, restore: bool = False,
+            stop: threading.Event | None = None) -> DiskUse:
+    """How much of the disk ``root`` and the files ``pids`` hold open take up (``pids``
+    may be a function that lists them, called again when a mapping needs a second look).
 
     Raises :class:`Unmeasurable` when part of it cannot be measured, and
     :class:`Stopped` when ``stop`` is set meanwhile.
@@ -387,6 +407,8 @@ def measure(root: str, *, pids: Iterable[int] = (), stop_at: int = 1 << 62,
     count = _Counter(use, stop_at, budget)
     _walk(root, count, restore)
     if use.complete:
-        _deleted_open_files(pids, os.stat(root).st_dev, count)
+        fixed = () if callable(pids) else tuple(pids)
+        listing = pids if callable(pids) else (lambda: fixed)
+        _deleted_open_files(listing, os.stat(root).st_dev, count)
     use.entries = budget.entries
     return use

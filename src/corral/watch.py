@@ -190,7 +190,7 @@ class Watch:
         from .diskuse import Unmeasurable, measure
 
         try:
-            use = measure(self.workspace, pids=() if final else self.pids(),
+            use = measure(self.workspace, pids=() if final else self.pids,
                           stop_at=self.baseline + self.disk_bytes, restore=self.restore,
                           stop=None if final else self.stopping)
         except Unmeasurable as e:
