@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -318,3 +319,43 @@ def test_the_joiner_refuses_a_descriptor_it_was_not_handed() -> None:
     r = subprocess.run([*(cinit.join_prefix(cinit.BINARY, [], []) or []), "/bin/echo", "ran"],
                        capture_output=True, timeout=60, check=False)
     assert r.returncode == 0 and r.stdout == b"ran\n", r  # control: nothing to refuse
+
+
+def _ignored(argv: list[str], joiner: bool) -> int:
+    """The SigIgn mask of ``argv``'s process, started as corral starts bwrap (joiner) or by a
+    bare ``posix_spawn`` (the control)."""
+    from corral.launch import spawn
+
+    out_r, out = os.pipe()
+    try:
+        if joiner:
+            prefix = cinit.join_prefix(cinit.BINARY, [], [], [])
+            assert prefix is not None
+            assert spawn([*prefix, *argv], stdin=None, stdout=out, stderr=out, keep=[],
+                         joiner=True).wait(60) == 0
+        else:
+            pid = os.posix_spawn(argv[0], argv, {}, file_actions=[
+                (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
+            assert os.waitpid(pid, 0)[1] == 0
+        text = os.read(out_r, 65536).decode()
+    finally:
+        os.close(out_r)
+        os.close(out)
+    return int(text.split()[1], 16)
+
+
+def test_bwrap_starts_with_the_libcs_reserved_signals_at_their_default() -> None:
+    """glibc's posix_spawn leaves its internal signals 32 and 33 ignored in the child, and
+    exec keeps them so: bwrap, the init and the payload started with them ignored (review
+    11).  The joiner puts them back to their default; what the caller itself ignores
+    (SIGHUP under nohup) it keeps.  Control: the bare posix_spawn shows them ignored."""
+    need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
+    reserved = (1 << 31) | (1 << 32)  # bit N-1 is signal N
+    argv = ["/bin/grep", "SigIgn", "/proc/self/status"]
+    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        joined, bare = _ignored(argv, True), _ignored(argv, False)
+    finally:
+        signal.signal(signal.SIGHUP, old)
+    assert joined & reserved == 0 and joined & 1, hex(joined)
+    assert bare & reserved == reserved and bare & 1, hex(bare)  # the control

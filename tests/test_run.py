@@ -382,6 +382,14 @@ def test_root_mode_leaves_no_capability_in_any_set(root: Identity, bwrap: str) -
     assert "CapInh:\t0000000000000000" not in ctl.stdout, ctl.stdout
 
 
+def test_the_payload_starts_with_no_signal_ignored(who: Identity) -> None:
+    """Every signal at its default in the payload, the libc's reserved 32 and 33 included
+    (review 11: glibc's posix_spawn left them ignored, and exec kept them so); the
+    joiner's own control is tests/test_cinit.py's bare posix_spawn."""
+    r = who.corral_json("--", "/bin/grep", "SigIgn", "/proc/self/status")
+    assert r["status"] == "exited" and int(r["stdout"].split()[1], 16) == 0, r
+
+
 def test_a_closed_stderr_gives_the_payload_no_host_handle(who: Identity) -> None:
     """Review 11: with descriptor 2 closed, one of corral's lock folders took its number and
     the payload got it as its stderr, a handle on a host folder.  corral now opens /dev/null
