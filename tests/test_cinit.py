@@ -321,9 +321,9 @@ def test_the_joiner_refuses_a_descriptor_it_was_not_handed() -> None:
     assert r.returncode == 0 and r.stdout == b"ran\n", r  # control: nothing to refuse
 
 
-def _ignored(argv: list[str], joiner: bool) -> int:
-    """The SigIgn mask of ``argv``'s process, started as corral starts bwrap (joiner) or by a
-    bare ``posix_spawn`` (the control)."""
+def _signals(argv: list[str], joiner: bool) -> dict[str, int]:
+    """The SigIgn and SigBlk masks of ``argv``'s process, started as corral starts bwrap
+    (joiner) or by a bare ``posix_spawn`` (the control)."""
     from corral.launch import spawn
 
     out_r, out = os.pipe()
@@ -331,31 +331,41 @@ def _ignored(argv: list[str], joiner: bool) -> int:
         if joiner:
             prefix = cinit.join_prefix(cinit.BINARY, [], [], [])
             assert prefix is not None
-            assert spawn([*prefix, *argv], stdin=None, stdout=out, stderr=out, keep=[],
-                         joiner=True).wait(60) == 0
+            spawn([*prefix, *argv], stdin=None, stdout=out, stderr=out, keep=[], joiner=True)
         else:
-            pid = os.posix_spawn(argv[0], argv, {}, file_actions=[
+            os.posix_spawn(argv[0], argv, {}, file_actions=[
                 (os.POSIX_SPAWN_DUP2, out, 1), (os.POSIX_SPAWN_DUP2, out, 2)])
-            assert os.waitpid(pid, 0)[1] == 0
-        text = os.read(out_r, 65536).decode()
+        os.close(out)
+        out = -1
+        text = b""  # read to the end: with SIGCHLD ignored here, no status to wait for
+        while chunk := os.read(out_r, 65536):
+            text += chunk
     finally:
         os.close(out_r)
-        os.close(out)
-    return int(text.split()[1], 16)
+        if out >= 0:
+            os.close(out)
+    lines = text.decode().splitlines()
+    return {k: int(v, 16) for k, v in (line.split(":\t") for line in lines)}
 
 
-def test_bwrap_starts_with_the_libcs_reserved_signals_at_their_default() -> None:
-    """glibc's posix_spawn leaves its internal signals 32 and 33 ignored in the child, and
-    exec keeps them so: bwrap, the init and the payload started with them ignored (review
-    11).  The joiner puts them back to their default; what the caller itself ignores
-    (SIGHUP under nohup) it keeps.  Control: the bare posix_spawn shows them ignored."""
+def test_bwrap_starts_with_every_signal_at_its_default() -> None:
+    """The joiner starts bwrap with every signal at its default and none blocked, whatever
+    the launcher's process ignores or blocks: exec keeps both, and glibc's posix_spawn
+    leaves its internal signals 32 and 33 ignored in the child (review 11).  Control: the
+    bare posix_spawn shows them ignored, with the caller's SIGHUP and SIGCHLD, and its
+    mask."""
     need(cinit.available(), "corral's compiled init (make setup builds it with cc)")
     reserved = (1 << 31) | (1 << 32)  # bit N-1 is signal N
-    argv = ["/bin/grep", "SigIgn", "/proc/self/status"]
-    old = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    argv = ["/bin/grep", "^Sig(Ign|Blk)", "-E", "/proc/self/status"]
+    old = [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGHUP, signal.SIGCHLD)]
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])
     try:
-        joined, bare = _ignored(argv, True), _ignored(argv, False)
+        joined, bare = _signals(argv, True), _signals(argv, False)
     finally:
-        signal.signal(signal.SIGHUP, old)
-    assert joined & reserved == 0 and joined & 1, hex(joined)
-    assert bare & reserved == reserved and bare & 1, hex(bare)  # the control
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for s, handler in zip((signal.SIGHUP, signal.SIGCHLD), old, strict=True):
+            signal.signal(s, handler)
+    assert joined == {"SigBlk": 0, "SigIgn": 0}, joined
+    hup_chld = 1 | (1 << (signal.SIGCHLD - 1))
+    assert bare["SigIgn"] & (reserved | hup_chld) == reserved | hup_chld, bare  # the control
+    assert bare["SigBlk"] == 1 << (signal.SIGUSR1 - 1), bare

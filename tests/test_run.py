@@ -6,6 +6,7 @@ the same attempt succeeding, so no test can pass vacuously.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -382,12 +383,68 @@ def test_root_mode_leaves_no_capability_in_any_set(root: Identity, bwrap: str) -
     assert "CapInh:\t0000000000000000" not in ctl.stdout, ctl.stdout
 
 
-def test_the_payload_starts_with_no_signal_ignored(who: Identity) -> None:
-    """Every signal at its default in the payload, the libc's reserved 32 and 33 included
-    (review 11: glibc's posix_spawn left them ignored, and exec kept them so); the
-    joiner's own control is tests/test_cinit.py's bare posix_spawn."""
-    r = who.corral_json("--", "/bin/grep", "SigIgn", "/proc/self/status")
-    assert r["status"] == "exited" and int(r["stdout"].split()[1], 16) == 0, r
+CALLER_SIGNALS = r"""
+import signal, sys
+from corral import launch
+show = ["/bin/sh", "-c", "grep -E '^Sig(Ign|Blk)' /proc/self/status; exit 3"]
+signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1, signal.SIGTERM])
+if sys.argv[1] == "cli":  # a parent that ignored SIGCHLD leaves it so across exec
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    from corral.cli import main
+    main(["run", "--", *show])
+if sys.argv[1] == "off":  # control: bwrap started as the process stands
+    launch.default_signals = lambda: None
+    launch.cinit.join_prefix = lambda *a, **k: None
+import corral
+r = corral.run(show)
+print(r.stdout.decode(), end="")
+sys.exit(r.exit_code)
+"""
+
+
+def test_the_payload_starts_with_every_signal_at_its_default(who: Identity) -> None:
+    """Whatever corral's own process ignores or blocks (SIGHUP under nohup, a mask a
+    library caller set, SIGCHLD left ignored by a parent), the payload starts with every
+    signal at its default and none blocked, libc's reserved 32 and 33 included (review
+    11: glibc's posix_spawn left them ignored).  With SIGCHLD ignored bwrap was reaped
+    unseen and the run hung; the command line puts it back and reports the exit status.
+    Control: bwrap started as the library caller's process stands gets its ignored
+    SIGHUP (the mask the init clears itself)."""
+    seen = {}
+    for mode in ("on", "cli", "off"):
+        r = subprocess.run([*who.prefix(), "-c", CALLER_SIGNALS, mode], env=who.environ(),
+                           cwd=who.tmp, capture_output=True, text=True, timeout=120,
+                           check=False)
+        masks = dict(line.split(":\t") for line in r.stdout.splitlines())
+        seen[mode] = (r.returncode, {k: int(v, 16) for k, v in masks.items()}, r.stderr)
+    clean = (3, {"SigBlk": 0, "SigIgn": 0}, "")
+    assert seen["on"] == clean and seen["cli"] == clean, seen
+    assert seen["off"][:2] == (3, {"SigBlk": 0, "SigIgn": 1}), seen  # control: SIGHUP
+
+
+def test_a_library_caller_that_ignores_sigchld_is_refused(who: Identity) -> None:
+    """In a process that ignores SIGCHLD every child is reaped unseen: a failed mke2fs or
+    git step would read as a passed one, and bwrap's end was never seen.  corral.run
+    refuses before it starts anything; control: with the default it runs."""
+    script = ("import json, os, signal, sys, corral\n"
+              "if sys.argv[1] == 'ign': signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
+              "runs = os.path.join(os.getcwd(), 'runs-' + sys.argv[1])\n"
+              "try:\n"
+              "    r = corral.run(['/bin/sh', '-c', 'exit 3'], runs_dir=runs)\n"
+              "    print(json.dumps([r.status, r.exit_code]))\n"
+              "except corral.CorralError as e:\n"
+              "    print(json.dumps(['refused', str(e), os.path.exists(runs)]))\n")
+    seen = {}
+    for mode in ("ign", "dfl"):
+        r = subprocess.run([*who.prefix(), "-c", script, mode], env=who.environ(),
+                           cwd=who.tmp, capture_output=True, text=True, timeout=120,
+                           check=False)
+        assert r.returncode == 0, r.stderr
+        seen[mode] = json.loads(r.stdout)
+    assert seen["ign"][0] == "refused" and "ignores SIGCHLD" in seen["ign"][1], seen
+    assert seen["ign"][2] is False, seen  # nothing made
+    assert seen["dfl"] == ["exited", 3], seen  # the control
 
 
 def test_a_closed_stderr_gives_the_payload_no_host_handle(who: Identity) -> None:

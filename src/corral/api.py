@@ -171,9 +171,10 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     ``runs_dir``), runs it with :func:`corral.execute.run_request` and returns its
     :class:`~corral.result.RunResult`, which never raises for a bad request.
     """
-    from .errors import standard_streams
+    from .errors import children_seen, standard_streams
 
     standard_streams()
+    children_seen()
     requests = sys.modules.get("corral.request")  # not imported: cmd cannot be a RunRequest
     if requests is not None and isinstance(cmd, requests.RunRequest):
         if policy is not None or workspace_dir or inputs or not capture or stdin or env:
@@ -348,7 +349,10 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     sandbox just before launch.
     """
     from . import agent
+    from .errors import children_seen, standard_streams
 
+    standard_streams()
+    children_seen()
     _check_env(env)
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created

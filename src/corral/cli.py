@@ -275,6 +275,10 @@ def _stop(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:
     standard_streams()
+    # Started by a parent that ignored SIGCHLD (exec keeps it ignored): children would be
+    # reaped unseen, their statuses lost (corral.errors.children_seen).
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     console = argv is None  # the console script, not a caller in its own process
     argv = list(sys.argv[1:] if argv is None else argv)
     options, cmd = _split(argv)

@@ -84,6 +84,19 @@ def standard_streams() -> None:
             setattr(sys, name, open(os.devnull, "r" if name == "stdin" else "w"))  # noqa: SIM115
 
 
+def children_seen() -> None:
+    """Refuse to start in a process that ignores SIGCHLD: the kernel then reaps every
+    child unseen, so the exit status of corral's own helpers (mke2fs, git) reads as
+    success whatever happened, and the run waited on bwrap forever.  The command line
+    puts the default back; a library caller's process is its own to change."""
+    from . import sig
+
+    if sig.getsignal(sig.SIGCHLD) == sig.SIG_IGN:
+        raise UsageError("this process ignores SIGCHLD", "its children are reaped unseen: "
+                         "corral could not tell a failed step from a passed one",
+                         "signal.signal(signal.SIGCHLD, signal.SIG_DFL) before corral runs")
+
+
 @functools.cache
 def pattern(text: str) -> Pattern[str]:
     """``re.compile(text)``, made at its first use: importing re (with enum) and compiling

@@ -123,23 +123,29 @@ static int keep_only(const char *list) {
     }
 }
 
-/* glibc's posix_spawn (corral.launch.spawn) leaves its internal signals, 32 and 33,
- * ignored in the child, and exec keeps what is ignored: bwrap, the init and the payload
- * started with them ignored.  The libc's own sigaction refuses the numbers it reserves
- * (32 to SIGRTMIN-1), so the default comes back by the raw call: an all-zero kernel
- * sigaction is SIG_DFL, no flags, an empty mask, whatever the field order. */
-static int default_reserved_signals(void) {
-    for (int sig = 32; sig < SIGRTMIN; sig++) {
+/* bwrap, and through it the init and the payload, start with every signal at its default
+ * and none blocked, whatever the launcher's process had: exec keeps what is ignored and
+ * the mask.  A caller that ignored SIGCHLD had its children reaped unseen, bwrap's among
+ * them, and the run hung; glibc's posix_spawn (corral.launch.spawn) leaves its internal
+ * signals, 32 and 33, ignored in the child (review 11).  The libc's own calls refuse the
+ * numbers it reserves, so this is the raw call: an all-zero kernel sigaction is SIG_DFL,
+ * no flags, an empty mask, whatever the field order. */
+static int default_signals(void) {
+    for (int sig = 1; sig <= 64; sig++) {
         unsigned long act[4] = {0, 0, 0, 0};
-        if (syscall(SYS_rt_sigaction, sig, act, NULL, 8) != 0)
+        if (sig != SIGKILL && sig != SIGSTOP
+            && syscall(SYS_rt_sigaction, sig, act, NULL, 8) != 0)
             JOIN_FAIL("cannot reset signal %d: %s\n", sig, strerror(errno));
     }
+    unsigned long none = 0;
+    if (syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8) != 0)
+        JOIN_FAIL("cannot unblock signals: %s\n", strerror(errno));
     return 0;
 }
 
 int join_and_exec(char **argv) {
     int i = 2;
-    if (default_reserved_signals() != 0)
+    if (default_signals() != 0)
         return SETUP_FAILED;
     if (argv[i] && strcmp(argv[i], "--keep") == 0) {
         if (!argv[i + 1] || keep_only(argv[i + 1]) != 0)

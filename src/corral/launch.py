@@ -264,6 +264,17 @@ class Spawned:
             os.kill(self.pid, signal.SIGKILL)
 
 
+def default_signals() -> None:
+    """In bwrap's child before exec, with the Python init: what the joiner does (see
+    init_join.c), every signal at its default and none blocked, whatever this process
+    had.  (glibc's own two are at their default already: a fork keeps its handlers, and
+    exec resets what is handled.)"""
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(sig, signal.SIG_DFL)
+
+
 def spawn(argv: Sequence[str], *, stdin: int | None, stdout: int | None, stderr: int,
           keep: Sequence[int], joiner: bool, preexec: Callable[[], None] | None = None
           ) -> Spawned:
@@ -449,9 +460,9 @@ class Launch:
         files = self.cgroup.join_files() if self.cgroup is not None else []
         if self.sb.init_binary is not None:
             return popen(None, [*files, *mount_args], mount_fds)
-        if self.cgroup is None and mounts is None:
-            return popen(None, None, ())
-        steps = [self.cgroup.child_step()] if self.cgroup is not None else []
+        steps = [default_signals]
+        if self.cgroup is not None:
+            steps.append(self.cgroup.child_step())
         if mounts is not None:
             steps.append(mounts.step)
 

@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the types of the signal module's own (its stubs: _signal ha
         SIG_SETMASK,
         SIGALRM,
         SIGBUS,
+        SIGCHLD,
         SIGCONT,
         SIGFPE,
         SIGHUP,
@@ -45,7 +46,7 @@ else:
         import signal as _module
 
 __all__ = [
-    "SIGALRM", "SIGBUS", "SIGCONT", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGKILL",
+    "SIGALRM", "SIGBUS", "SIGCHLD", "SIGCONT", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGKILL",
     "SIGPIPE", "SIGQUIT", "SIGSEGV", "SIGSTOP", "SIGSYS", "SIGTERM", "SIGTRAP", "SIGUSR1",
     "SIGUSR2", "SIGWINCH", "SIGXFSZ", "SIG_BLOCK", "SIG_DFL", "SIG_IGN", "SIG_SETMASK",
     "getsignal", "pidfd_send_signal", "pthread_sigmask", "signal", "valid_signals"]
