@@ -102,6 +102,54 @@ def test_a_reused_workspace_gets_its_control_files_back(who: Identity) -> None:
     assert r["again"] == ["quarantined"] and r["config_left"] is False
 
 
+def test_a_bare_repository_reused_as_the_workspace_keeps_its_hooks(who: Identity) -> None:
+    """A bare repository given as the workspace itself: the audit takes its top for a git
+    directory, but the census did not record it, so a run that changed nothing had the
+    user's own hooks quarantined as a new repository's.  Now its controls are kept: a run
+    that changed nothing leaves them, one that changed a hook has it quarantined and the
+    launch's content put back, and a new hook goes.  Control: the census without the
+    top's git directory takes the unchanged hook away."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "bare.git")
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        git(base, "init", "-q", "--bare", "bare.git")
+        hook = os.path.join(top, "hooks/post-commit")
+        with open(hook, "w") as f:
+            f.write("#!/bin/sh\\necho mine\\n")
+        os.chmod(hook, 0o755)
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        quiet = audit.Auditor(census, lambda: q).run()  # a run that changed nothing
+        kept = open(hook).read()
+        with open(hook, "a") as f:
+            f.write("evil\\n")
+        with open(os.path.join(top, "hooks/pre-commit"), "w") as f:
+            f.write("evil\\n")
+        changed = audit.Auditor(census, lambda: q).run()
+        after = {{"back": open(hook).read() == kept,
+                  "new": os.path.exists(os.path.join(top, "hooks/pre-commit"))}}
+        blind = audit.Census(census.trees, census.names, frozenset(),
+                             protected=census.protected, backups={{}},
+                             started_ns=census.started_ns)
+        lost = audit.Auditor(blind, lambda: q).run()
+        print(json.dumps({{"gitdirs": [os.path.relpath(p, top) for p in census.gitdirs],
+                          "quiet": [a.did for a in quiet], "kept": kept,
+                          "changed": sorted((os.path.relpath(a.path, top), a.did)
+                                            for a in changed), **after,
+                          "lost": sorted(os.path.relpath(a.path, top) for a in lost
+                                         if a.did == "quarantined"),
+                          "gone": not os.path.exists(hook)}}))
+    """)
+    assert r["gitdirs"] == ["."] and r["quiet"] == [], r
+    assert r["kept"] == "#!/bin/sh\necho mine\n", r
+    assert r["changed"] == [["hooks/post-commit", "quarantined"],
+                            ["hooks/post-commit", "restored"],
+                            ["hooks/pre-commit", "quarantined"]], r
+    assert r["back"] and not r["new"], r
+    assert "hooks/post-commit" in r["lost"] and r["gone"], r  # type: ignore[operator]
+
+
 def test_a_reused_workspaces_submodule_and_worktree_keep_their_git_files(
         who: Identity) -> None:
     """Review 10: the census of a reused workspace did not look inside .git, so the audit

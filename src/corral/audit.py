@@ -211,7 +211,17 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     folders: dict[str, tuple[int, int]] = {}
     with fsops.Tree(top, owner) as tree:
         try:
+            # A bare repository as the workspace itself, as the audit takes it: its
+            # controls kept, then the walk goes on (else a run that changed nothing had
+            # its hooks quarantined as a new repository's).
+            bare_top = _holds_git_dir(tree, "") and _repos().valid_head(tree, "")
+            if bare_top:
+                gitdirs.add(tree.path("."))
+                _keep(tree, ".", backups, budget, folders)
+                _nested_census(tree, ".", linked, backups, budget, folders)
             for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
+                if not here and bare_top:  # its submodules' and worktrees': done above
+                    entries[:] = [e for e in entries if e.name not in _repos().NESTED]
                 if here and (tree.path(here) in gitdirs or _holds_git_dir(tree, here)):
                     if tree.path(here) not in gitdirs:  # its first part
                         gitdirs.add(tree.path(here))
