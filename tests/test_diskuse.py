@@ -162,6 +162,41 @@ def test_search_taken_away_after_the_open_is_given_back(who: Identity) -> None:
         assert out == {"plain": "refused", "mode": 0o700}, out
 
 
+SEARCH_TAKEN_ABOVE = r"""
+import json, os, sys
+from corral import diskuse
+d = os.path.join(sys.argv[1], "y")
+os.makedirs(os.path.join(d, "sub"))
+fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)  # opened, and its rights checked: 0755
+os.chmod(d, 0)  # then taken away before the walk enters the folder inside
+out = {}
+for restore in (False, True):
+    try:
+        os.close(diskuse._open_dir("sub", fd, restore))
+        out[str(restore)] = "entered"
+    except diskuse.Unmeasurable:
+        out[str(restore)] = "refused"
+out["mode"] = os.stat(d).st_mode & 0o777
+print(json.dumps(out))
+"""
+
+
+def test_search_taken_away_above_a_folder_is_given_back(who: Identity) -> None:
+    """The same race one level down: the search right of a folder the walk has open, taken
+    away before the walk enters a folder inside it.  The folder was then unmeasurable and
+    the run stopped as over its disk limit (a known limit till now); with ``restore`` the
+    parent's right comes back and the folder is entered.  Control: without, refused."""
+    r = subprocess.run([*who.prefix(), "-c", SEARCH_TAKEN_ABOVE, str(who.tmp)],
+                       env=who.environ(), cwd=who.tmp, capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    if who.is_root:  # root enters regardless: nothing to give back
+        assert out == {"False": "entered", "True": "entered", "mode": 0}, out
+    else:
+        assert out == {"False": "refused", "True": "entered", "mode": 0o700}, out
+
+
 MAPPED_CHILD = r"""
 import mmap, os, sys, time
 fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)

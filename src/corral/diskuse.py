@@ -118,12 +118,14 @@ class _Counter:
         return True
 
 
-def _open_dir(name: str, parent: int, restore: bool) -> int:
+def _open_dir(name: str, parent: int, restore: bool, parent_ours: bool = True) -> int:
     """Open a directory of the workspace to list it.
 
     A plain user's payload has the launcher's uid and may chmod a directory it
     owns so that its owner can neither list nor search it.  With ``restore``
-    the owner's rights come back, through a handle that cannot be a symlink.
+    the owner's rights come back, through a handle that cannot be a symlink; the
+    parent's search right too (``parent_ours``: the parent is the workspace's), which
+    the payload may have taken away after the walk opened it.
     """
     try:
         fd = os.open(name, DIR_FLAGS, dir_fd=parent)
@@ -133,16 +135,28 @@ def _open_dir(name: str, parent: int, restore: bool) -> int:
     except PermissionError:
         if not restore:
             raise Unmeasurable(f"cannot read directory {name!r}") from None
-    handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
-                     dir_fd=parent)
+        if parent_ours:
+            _give_back(parent)
     try:
-        mode = os.stat(handle).st_mode
-        os.chmod(f"/proc/self/fd/{handle}", stat.S_IMODE(mode) | stat.S_IRWXU)
+        handle = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
+                         dir_fd=parent)
+    except PermissionError:
+        raise Unmeasurable(f"cannot read directory {name!r}") from None
+    try:
+        _give_back(handle)
         return os.open(name, DIR_FLAGS, dir_fd=parent)
     except OSError:
         raise Unmeasurable(f"cannot read directory {name!r}") from None
     finally:
         os.close(handle)
+
+
+def _give_back(fd: int) -> None:
+    """The owner's rights on the open directory ``fd``, given back through the descriptor
+    (a handle that cannot be a symlink), if the payload took any away."""
+    mode = os.stat(fd).st_mode
+    if mode & stat.S_IRWXU != stat.S_IRWXU:
+        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(mode) | stat.S_IRWXU)
 
 
 def _entries(fd: int) -> Iterator[str]:
@@ -159,7 +173,7 @@ def _walk(root: str, count: _Counter, restore: bool) -> None:
     """Add every entry under ``root``; return early once over the counter's ``stop_at``."""
     parent = os.open(os.path.dirname(root) or "/", DIR_FLAGS)
     try:
-        top = _open_dir(os.path.basename(root), parent, restore)
+        top = _open_dir(os.path.basename(root), parent, restore, parent_ours=False)
     finally:
         os.close(parent)
     stack: list[tuple[int, Iterator[str]]] = [(top, _entries(top))]
@@ -196,8 +210,7 @@ def _stat(name: str, fd: int, restore: bool) -> os.stat_result:
     except PermissionError:
         if not restore:
             raise
-        mode = os.fstat(fd).st_mode
-        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(mode) | stat.S_IRWXU)
+        _give_back(fd)
         return os.stat(name, dir_fd=fd, follow_symlinks=False)
 
 
