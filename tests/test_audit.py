@@ -102,6 +102,42 @@ def test_a_reused_workspace_gets_its_control_files_back(who: Identity) -> None:
     assert r["again"] == ["quarantined"] and r["config_left"] is False
 
 
+def test_a_workspace_made_a_repository_with_a_head_git_reads_loosely_is_audited(
+        who: Identity) -> None:
+    """Review 12: git takes ``<40 hex digits> junk`` for a detached HEAD, but the audit
+    wanted the whole line to be an object id, so a payload that made its reused
+    workspace's top a repository (objects/, refs/, that HEAD, a hook, a config) left
+    both for host git, which ran the hook.  Each HEAD is judged as git judges it: the
+    hook and the config go.  Control: a HEAD git itself refuses is no repository, and
+    files of those names stay."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        out = {{}}
+        for name, head in (("loose", "0" * 40 + " junk\\n"), ("refused", "junk\\n")):
+            top = os.path.join(base, name); os.mkdir(top)
+            census = audit.census_of_tree(top, None, audit.protected_names())
+            later()
+            for folder in ("objects", "refs", "hooks"):
+                os.mkdir(os.path.join(top, folder))
+            with open(os.path.join(top, "HEAD"), "w") as f:
+                f.write(head)
+            with open(os.path.join(top, "config"), "w") as f:
+                f.write("[core]\\n\\tpager = evil\\n")
+            with open(os.path.join(top, "hooks/pre-receive"), "w") as f:
+                f.write("#!/bin/sh\\nevil\\n")
+            git_takes = subprocess.run(["git", "-C", top, "rev-parse", "--git-dir"],
+                                       capture_output=True, text=True).returncode == 0
+            done = audit.Auditor(census, lambda: q).run()
+            out[name] = {{"git": git_takes,
+                         "quarantined": sorted(os.path.relpath(a.path, top) for a in done
+                                               if a.did == "quarantined")}}
+        print(json.dumps(out))
+    """)
+    assert r["loose"] == {"git": True, "quarantined": ["config", "hooks/pre-receive"]}, r
+    assert r["refused"] == {"git": False, "quarantined": []}, r  # the control
+
+
 def test_a_bare_repository_reused_as_the_workspace_keeps_its_hooks(who: Identity) -> None:
     """A bare repository given as the workspace itself: the audit takes its top for a git
     directory, but the census did not record it, so a run that changed nothing had the

@@ -242,6 +242,74 @@ def test_files_held_only_by_a_mapping_count_or_stop_the_run(who: Identity) -> No
         assert dup["status"] == "exited" and "hidden 60" in dup["stdout"], dup
 
 
+# The same files mapped by a thread whose leader has called SYS_exit: /proc/PID/maps then
+# reads empty, the live thread's /proc/PID/task/TID/maps does not (review 12).
+HIDE_MAPPED_LEADERLESS = r"""
+import ctypes, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+
+def hold():
+    time.sleep(0.5)  # the leader has gone by now
+    hidden = 0
+    for r in range(12):
+        fd = os.open(f"/work/m{r}", os.O_CREAT | os.O_RDWR, 0o600)
+        os.write(fd, b"x" * (5 << 20))
+        libc.mmap(None, 4096, 1, 1, fd, 0)  # PROT_READ, MAP_SHARED
+        hidden += os.fstat(fd).st_blocks * 512
+        os.unlink(f"/work/m{r}")
+        os.close(fd)
+        time.sleep(0.3)
+    print("hidden", hidden >> 20, flush=True)
+    time.sleep(2)
+    os._exit(0)
+
+threading.Thread(target=hold).start()
+libc.syscall(SYS_EXIT, 0)  # only the leader thread ends
+""".replace("SYS_EXIT", str({"x86_64": 60, "aarch64": 93}[__import__("platform").machine()]))
+
+# The measure as it read mappings before, through the process's leader alone.
+LEADER_ONLY = r"""
+import os, sys
+from corral import diskuse
+
+def leader_only(pids, dev, budget):
+    found = {}
+    for pid in pids:
+        diskuse._thread_maps(pid, str(pid), dev, budget, found)
+    return found
+
+if sys.argv[1] == "off":
+    diskuse._mapped_deleted = leader_only
+from corral.cli import main
+main(["run", "--json", *sys.argv[2:]])
+"""
+
+
+def test_files_mapped_by_a_thread_whose_leader_exited_are_seen(who: Identity) -> None:
+    """Review 12: the measure read /proc/PID/maps, which is empty once the leader thread
+    has called SYS_exit, so twelve 5 MiB files mapped by another thread, deleted and
+    closed, were held under --disk 16M unseen and the run ended `exited`.  The mappings
+    are read through a live thread now: the run is stopped (root sizes the files, a
+    plain user's launcher refuses them).  Control: read through the leader, it runs on."""
+    seen = {}
+    for mode in ("on", "off"):
+        ws = who.tmp / f"leaderless-{mode}"
+        ws.mkdir()
+        who.chown(ws)
+        r = subprocess.run([*who.prefix(), "-c", LEADER_ONLY, mode, "--workspace", str(ws),
+                            "--disk", "16M", "--timeout", "120", "--", "python3", "-c",
+                            HIDE_MAPPED_LEADERLESS], env=who.environ(), cwd=who.tmp,
+                           capture_output=True, text=True, timeout=300, check=False)
+        assert r.stdout.strip(), r.stderr
+        seen[mode] = json.loads(r.stdout)
+    on, off = seen["on"], seen["off"]
+    assert on["status"] == "disk-limit", (on, _limits(on))
+    assert off["status"] == "exited" and "hidden 60" in off["stdout"], off  # the control
+
+
 KEPT_MAPPED = r"""
 import mmap, os
 keep = []

@@ -91,10 +91,24 @@ def children_seen() -> None:
     puts the default back; a library caller's process is its own to change."""
     from . import sig
 
-    if sig.getsignal(sig.SIGCHLD) == sig.SIG_IGN:
+    if sig.getsignal(sig.SIGCHLD) == sig.SIG_IGN or _kernel_ignores(sig.SIGCHLD):
         raise UsageError("this process ignores SIGCHLD", "its children are reaped unseen: "
                          "corral could not tell a failed step from a passed one",
                          "signal.signal(signal.SIGCHLD, signal.SIG_DFL) before corral runs")
+
+
+def _kernel_ignores(signum: int) -> bool:
+    """Whether the kernel has ``signum`` ignored in this process: a disposition set
+    behind Python's back (ctypes, a C library) is not in ``signal.getsignal`` (review
+    12)."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 @functools.cache

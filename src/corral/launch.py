@@ -264,15 +264,30 @@ class Spawned:
             os.kill(self.pid, signal.SIGKILL)
 
 
-def default_signals() -> None:
-    """In bwrap's child before exec, with the Python init: what the joiner does (see
-    init_join.c), every signal at its default and none blocked, whatever this process
-    had.  (glibc's own two are at their default already: a fork keeps its handlers, and
-    exec resets what is handled.)"""
-    signal.pthread_sigmask(signal.SIG_SETMASK, ())
-    for sig in signal.valid_signals():
-        if sig not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(sig, signal.SIG_DFL)
+def default_signals() -> Callable[[], None]:
+    """What the joiner does (see init_join.c), as a step for bwrap's child before exec with
+    the Python init: every signal at its default and none blocked, whatever this process
+    had.  Made here, in the parent: the libc refuses its reserved numbers (32 and 33,
+    left ignored in a process glibc's posix_spawn started, and so in its children: review
+    12), which the raw ``rt_sigaction`` takes, through ctypes loaded beforehand."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    nr = {"x86_64": 13, "aarch64": 134}.get(os.uname().machine)  # rt_sigaction
+    zero = (ctypes.c_ulong * 4)()  # SIG_DFL, no flags, an empty mask
+    usable = signal.valid_signals()
+    reserved = [n for n in range(1, 65) if n not in usable] if nr is not None else []
+
+    def step() -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        for n in usable:
+            if n not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(n, signal.SIG_DFL)
+        for number in reserved:
+            if libc.syscall(nr, number, zero, None, 8) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot reset signal {number}")
+
+    return step
 
 
 def spawn(argv: Sequence[str], *, stdin: int | None, stdout: int | None, stderr: int,
@@ -460,7 +475,7 @@ class Launch:
         files = self.cgroup.join_files() if self.cgroup is not None else []
         if self.sb.init_binary is not None:
             return popen(None, [*files, *mount_args], mount_fds)
-        steps = [default_signals]
+        steps = [default_signals()]
         if self.cgroup is not None:
             steps.append(self.cgroup.child_step())
         if mounts is not None:
