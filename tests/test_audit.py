@@ -138,6 +138,54 @@ def test_a_workspace_made_a_repository_with_a_head_git_reads_loosely_is_audited(
     assert r["refused"] == {"git": False, "quarantined": []}, r  # the control
 
 
+def test_a_git_file_put_in_place_of_a_git_directory_or_rewritten_is_quarantined(
+        who: Identity) -> None:
+    """Review 13: the payload moved a reused workspace's .git into a folder inside a new
+    .git (which no walk audits), left a .git file pointing there and a core.fsmonitor in
+    that config, and host `git status` ran it: a .git file at a path the launch had
+    protected was left alone.  Now one put in place of a git directory, or rewritten (a
+    submodule's, pointed elsewhere), goes, and a rewritten one gets its launch content
+    back.  Control: before the audit host git follows each plant."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        git(top, "init", "-q", ".")
+        os.makedirs(os.path.join(top, "sub"))
+        os.makedirs(os.path.join(top, ".git/modules/sub"))
+        git(os.path.join(top, ".git/modules/sub"), "init", "-q", "--bare", ".")
+        sub_file = os.path.join(top, "sub/.git")
+        with open(sub_file, "w") as f:
+            f.write("gitdir: ../.git/modules/sub\\n")
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        os.makedirs(os.path.join(top, "a/.git"))
+        os.rename(os.path.join(top, ".git"), os.path.join(top, "a/.git/x"))
+        with open(os.path.join(top, ".git"), "w") as f:
+            f.write("gitdir: a/.git/x\\n")
+        os.makedirs(os.path.join(top, "b/.git"))
+        git(os.path.join(top, "b/.git"), "init", "-q", "--bare", "y")
+        with open(sub_file, "w") as f:
+            f.write("gitdir: ../b/.git/y\\n")
+
+        def follows(where):
+            p = subprocess.run(["git", "-C", where, "rev-parse", "--absolute-git-dir"],
+                               capture_output=True, text=True)
+            return os.path.relpath(p.stdout.strip(), top) if p.returncode == 0 else None
+
+        before = [follows(top), follows(os.path.join(top, "sub"))]
+        done = audit.Auditor(census, lambda: q).run()
+        print(json.dumps({{"before": before,
+                          "done": sorted((os.path.relpath(a.path, top), a.did) for a in done),
+                          "sub": open(sub_file).read(),
+                          "top": os.path.exists(os.path.join(top, ".git"))}}))
+    """)
+    assert r["before"] == ["a/.git/x", "b/.git/y"], r  # the control: both plants live
+    assert r["done"] == [[".git", "quarantined"], ["sub/.git", "quarantined"],
+                         ["sub/.git", "restored"]], r
+    assert r["sub"] == "gitdir: ../.git/modules/sub\n" and r["top"] is False, r
+
+
 def test_a_bare_repository_reused_as_the_workspace_keeps_its_hooks(who: Identity) -> None:
     """A bare repository given as the workspace itself: the audit takes its top for a git
     directory, but the census did not record it, so a run that changed nothing had the

@@ -197,6 +197,71 @@ def test_search_taken_away_above_a_folder_is_given_back(who: Identity) -> None:
         assert out == {"False": "refused", "True": "entered", "mode": 0o700}, out
 
 
+LOW_CHILD = r"""
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_int, ctypes.c_long]
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)
+os.write(fd, b"x" * (4 << 20))
+at = libc.mmap(0x1000000, 4 << 20, 1, 1 | 0x100000, fd, 0)  # MAP_SHARED|FIXED_NOREPLACE
+assert at == 0x1000000, (at, ctypes.get_errno())
+os.unlink(sys.argv[1])
+os.close(fd)  # the mapping alone holds it, below 0x10000000
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+LOW_MAPPED = r"""
+import json, os, subprocess, sys
+from corral import diskuse
+ws, code = sys.argv[1], sys.argv[2]
+child = subprocess.Popen([sys.executable, "-c", code, ws + "/low"], stdout=subprocess.PIPE,
+                         text=True)
+try:
+    assert child.stdout.readline() == "ready\n"
+    line = next(l for l in open(f"/proc/{child.pid}/maps") if l.endswith("(deleted)\n"))
+    padded = line.split()[0]
+    out = {"padded": padded}
+    try:  # the name as maps prints it, which the old measure stat'ed
+        os.stat(f"/proc/{child.pid}/map_files/{padded}")
+        out["padded_stat"] = "ok"
+    except OSError as e:
+        out["padded_stat"] = e.strerror
+    try:
+        out["measured"] = diskuse.measure(ws, pids=[child.pid]).bytes >> 20
+    except diskuse.Unmeasurable as e:
+        out["measured"] = str(e)
+    print(json.dumps(out))
+finally:
+    child.kill()
+    child.wait()
+"""
+
+
+def test_a_file_mapped_below_0x10000000_is_sized(who: Identity) -> None:
+    """Review 13: /proc/PID/maps pads an address to 8 hex digits, map_files names take no
+    leading zero, so a file mapped alone below 0x10000000 had a name root's measure could
+    not stat, and was skipped: 70 MiB held under --disk 16M, the run `exited`.  The name
+    is made from the numbers now: root sizes the file, a plain user's measure refuses it.
+    Control: the padded name, as maps prints it, cannot be stat'ed."""
+    ws = who.tmp / "lowws"
+    ws.mkdir()
+    who.chown(ws)
+    r = subprocess.run([*who.prefix(), "-c", LOW_MAPPED, str(ws), LOW_CHILD],
+                       env=who.environ(), cwd=who.tmp, capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["padded"].startswith("01000000-"), out
+    if who.is_root:
+        assert out["padded_stat"] == "No such file or directory", out  # the control
+        assert out["measured"] >= 4, out
+    else:  # a plain user may not stat map_files at all: refused, whatever the name
+        assert "whose size only root may read" in str(out["measured"]), out
+
+
 MAPPED_CHILD = r"""
 import mmap, os, sys, time
 fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)

@@ -395,11 +395,20 @@ class Auditor:
                                        f"the run could not be cleared ({e.strerror})"))
 
     def _dot_git(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
+        path = tree.path(rel)
         if e.kind == "dir":
             self._gitdir(tree, rel)
-        elif e.kind != "file" or (tree.path(rel) not in self.census.protected
+        elif e.kind != "file" or (path not in self.census.protected
                                   and self.census.changed(e.st)):
             self._quarantine(tree, rel, f"a .git ({e.kind}) made during the run")
+        elif self.census.changed(e.st) or path in self.census.gitdirs:
+            # A .git file that was there, rewritten, or one in place of the git directory
+            # the launch saw: git follows it on the host, to a git directory of the
+            # payload's wherever it points (review 13: into a folder inside a .git, which
+            # no walk audits, with a core.fsmonitor host `git status` ran).
+            self._quarantine(tree, rel, "a .git file changed during the run, or put in "
+                             "place of a git directory: git would follow it on the host",
+                             restore=True)
 
     def _protected(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
         if tree.path(rel) not in self.census.protected:
