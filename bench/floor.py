@@ -19,7 +19,8 @@ variant alike (medians; wall time and CPU time beside it):
    ``python3 -c 'print(1)'``, corral.run against the seed line;
 4. ``corral agent -- /bin/true`` with the generic profile (no network: no proxy) and the
    claude profile (its model API allowed: the egress proxy starts), against sandbox-runtime's
-   ``srt -- /bin/true`` when it is installed (``npm install -g @anthropic-ai/sandbox-runtime``).
+   ``srt -- /bin/true`` when it is installed (``npm install -g @anthropic-ai/sandbox-runtime``;
+   it needs ``apt-get install ripgrep socat``).
 
 CPU time is getrusage: the launcher's own (RUSAGE_SELF) plus its reaped children's
 (bwrap reaps the sandbox, so the children's figure covers every process of the run).
