@@ -282,7 +282,8 @@ def _deleted_open_files(listing: Callable[[], Iterable[int]], dev: int,
         return
     again = _payload(listing())
     now = _mapped_deleted(again, dev, count.budget)
-    if not _count_held([pid for pid in again if pid not in first], dev, seen, count):
+    known = set(first)
+    if not _count_held([pid for pid in again if pid not in known], dev, seen, count):
         return
     found = [path for ino, path in now.items() if ino in left and ino not in seen]
     if found and os.geteuid() != 0:
@@ -298,14 +299,18 @@ def _payload(pids: Iterable[int]) -> list[int]:
 def _count_held(pids: list[int], dev: int, seen: set[int], count: _Counter) -> bool:
     """Count the deleted files the threads of ``pids`` hold; False once over the limit."""
     for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue  # gone
-        for tid in tids:
+        for tid in _threads(pid):
             if not _count_deleted(_held_paths(pid, tid), dev, seen, count):
                 return False
     return True
+
+
+def _threads(pid: int) -> list[str]:
+    """The thread ids of process ``pid``; none once it is gone."""
+    try:
+        return os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
 
 
 def _count_deleted(paths: Iterable[str], dev: int, seen: set[int], count: _Counter) -> bool:
@@ -334,11 +339,7 @@ def _mapped_deleted(pids: list[int], dev: int, budget: _Budget) -> dict[int, str
     not."""
     found: dict[int, str] = {}
     for pid in pids:
-        try:
-            tids = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue  # gone
-        for tid in tids:
+        for tid in _threads(pid):
             if _thread_maps(pid, tid, dev, budget, found):
                 break  # one live thread shows the map all of them share
     return found
@@ -419,11 +420,7 @@ def descendants(pid: int) -> list[int]:
     while todo and len(found) < MAX_PROCESSES:
         p = todo.pop()
         found.append(p)
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
+        for tid in _threads(p):
             try:
                 with open(f"/proc/{p}/task/{tid}/children", "rb") as f:
                     todo.extend(int(c) for c in f.read().split())
