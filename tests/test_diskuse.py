@@ -12,6 +12,7 @@ import sys
 import time
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,6 +127,15 @@ def test_a_directory_without_search_rights_is_restored_or_refused(tmp_path: Path
         (ws / "d").chmod(0o700)
 
 
+def _json_as(who: Identity, script: str, *args: str) -> dict[str, Any]:
+    """Run ``script`` with ``args`` in Python as ``who``; what it prints, as JSON."""
+    r = subprocess.run([*who.prefix(), "-c", script, *args], env=who.environ(), cwd=who.tmp,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
 SEARCH_TAKEN = r"""
 import json, os, sys
 from corral import diskuse
@@ -152,10 +162,7 @@ def test_search_taken_away_after_the_open_is_given_back(who: Identity) -> None:
     (rights checked) and its look at an entry: the entry is still measured (the rights
     come back, as for a directory locked before); control: without ``restore`` the look
     is refused, which made the run unmeasurable and stopped it (a false disk-limit)."""
-    r = subprocess.run([*who.prefix(), "-c", SEARCH_TAKEN, str(who.tmp)], env=who.environ(),
-                       cwd=who.tmp, capture_output=True, text=True, timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    out = _json_as(who, SEARCH_TAKEN, str(who.tmp))
     if who.is_root:  # root looks regardless: nothing to give back
         assert out == {"plain": "read", "mode": 0}, out
     else:
@@ -186,11 +193,7 @@ def test_search_taken_away_above_a_folder_is_given_back(who: Identity) -> None:
     away before the walk enters a folder inside it.  The folder was then unmeasurable and
     the run stopped as over its disk limit (a known limit till now); with ``restore`` the
     parent's right comes back and the folder is entered.  Control: without, refused."""
-    r = subprocess.run([*who.prefix(), "-c", SEARCH_TAKEN_ABOVE, str(who.tmp)],
-                       env=who.environ(), cwd=who.tmp, capture_output=True, text=True,
-                       timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    out = _json_as(who, SEARCH_TAKEN_ABOVE, str(who.tmp))
     if who.is_root:  # root enters regardless: nothing to give back
         assert out == {"False": "entered", "True": "entered", "mode": 0}, out
     else:
@@ -249,11 +252,7 @@ def test_a_file_mapped_below_0x10000000_is_sized(who: Identity) -> None:
     ws = who.tmp / "lowws"
     ws.mkdir()
     who.chown(ws)
-    r = subprocess.run([*who.prefix(), "-c", LOW_MAPPED, str(ws), LOW_CHILD],
-                       env=who.environ(), cwd=who.tmp, capture_output=True, text=True,
-                       timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    out = _json_as(who, LOW_MAPPED, str(ws), LOW_CHILD)
     assert out["padded"].startswith("01000000-"), out
     if who.is_root:
         assert out["padded_stat"] == "No such file or directory", out  # the control
@@ -326,11 +325,7 @@ def test_a_process_that_exits_between_the_reads_is_not_taken_for_hiding_files(
     ws = who.tmp / "mapws"
     ws.mkdir()
     who.chown(ws)
-    r = subprocess.run([*who.prefix(), "-c", MAPPED_THEN_GONE, str(ws), MAPPED_CHILD],
-                       env=who.environ(), cwd=who.tmp, capture_output=True, text=True,
-                       timeout=120, check=False)
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    out = _json_as(who, MAPPED_THEN_GONE, str(ws), MAPPED_CHILD)
     assert out["exited"] == 0, out
     if who.is_root:  # root sizes what a mapping holds, here nothing: no verdict to refuse
         assert out["control"] == 0, out
