@@ -10,6 +10,7 @@ protection runs beside its negative control: the seed's naive bwrap sandbox
 from __future__ import annotations
 
 import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -94,6 +95,52 @@ def test_protected_names_stay_read_only_at_any_depth(who: Identity, lab: Lab) ->
         assert (lab.project / n).read_text() == "orig\n"
     ctl = naive(who, lab, script)
     assert all(f"WROTE {n}" in ctl.stdout for n in names)
+
+
+def _host_hg(who: Identity, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """hg on the host, as the identity under test (root trusts the user's hgrc, as a root
+    who set ``trusted.users = *`` would)."""
+    return who.run(["hg", "--config", "trusted.users=*", "--config", "ui.username=u", *args],
+                   cwd=cwd, env={"HGRCPATH": ""})
+
+
+HG_PLANT = ("(echo '[hooks]' >> hg/.hg/hgrc) 2>/dev/null && echo WROTE-HGRC; "
+            "(echo 0123456789abcdef0123 > jj/.jj/repo/config-id) 2>/dev/null && echo WROTE-JJ; "
+            "(mv hg/.hg hg/.hg-old) 2>/dev/null && echo RENAMED; "
+            "echo more >> hg/f && hg -R hg --config ui.username=a commit -q -m x && "
+            "echo COMMITTED; hg init new && "
+            "printf '[hooks]\\npre-status = echo HOOK-RAN\\n' > new/.hg/hgrc && echo PLANTED")
+
+
+def test_mercurial_and_jujutsu_controls_are_read_only_and_plants_go(
+        who: Identity, lab: Lab) -> None:
+    """Mercurial runs what ``.hg/hgrc`` names on ``hg status``: like git's config it is
+    read-only inside (and ``.hg`` cannot be renamed away), while commits still work; an
+    ``hgrc`` planted in a repository the agent made goes to the quarantine after the run.
+    jj's config id is read-only too.  Control: the naive sandbox writes both, and host
+    ``hg status`` in the planted repository runs the hook."""
+    _runs_as(who, lab)
+    subprocess.run(["hg", "init", str(lab.project / "hg")], check=True, capture_output=True)
+    (lab.project / "hg" / ".hg" / "hgrc").write_text("[ui]\nusername = me\n")
+    (lab.project / "hg" / "f").write_text("one\n")
+    subprocess.run(["hg", "-R", str(lab.project / "hg"), "--config", "ui.username=u", "commit",
+                    "-A", "-q", "-m", "first"], check=True, capture_output=True,
+                   env={"HGRCPATH": "", "PATH": "/usr/bin:/bin"})
+    (lab.project / "jj" / ".jj" / "repo").mkdir(parents=True)
+    (lab.project / "jj" / ".jj" / "repo" / "config-id").write_text("ab" * 10)
+    lab.own(lab.project)
+    r = agent(who, lab, HG_PLANT)
+    assert r.returncode == 0, r.stderr
+    assert "WROTE" not in r.stdout and "RENAMED" not in r.stdout, r.stdout
+    assert "COMMITTED" in r.stdout and "PLANTED" in r.stdout, r.stdout + r.stderr
+    assert (lab.project / "hg" / ".hg" / "hgrc").read_text() == "[ui]\nusername = me\n"
+    assert "new/.hg/hgrc" in r.stderr and "quarantined" in r.stderr, r.stderr
+    assert not (lab.project / "new" / ".hg" / "hgrc").exists()
+    assert "HOOK-RAN" not in _host_hg(who, lab.project / "new", "status").stdout
+    shutil.rmtree(lab.project / "new")
+    ctl = naive(who, lab, HG_PLANT)
+    assert "WROTE-HGRC" in ctl.stdout and "WROTE-JJ" in ctl.stdout, ctl.stdout + ctl.stderr
+    assert "HOOK-RAN" in _host_hg(who, lab.project / "new", "status").stdout
 
 
 def test_symlink_to_ssh_in_the_project_shows_nothing(who: Identity, lab: Lab) -> None:

@@ -523,3 +523,82 @@ def test_what_redirects_host_git_is_judged_by_when_it_changed(who: Identity) -> 
     assert r["packed"] == (f"# pack-refs with: peeled fully-peeled sorted \n{a} refs/heads/"
                            f"main\n{a} refs/tags/v1\n^{b}\n"), r
     assert r["upstream"], r
+
+
+def test_mercurial_and_jujutsu_controls_planted_in_a_reused_workspace_go(
+        who: Identity) -> None:
+    """Mercurial runs the hooks of ``.hg/hgrc`` on ``hg status``, reads
+    ``hgrc-not-shared`` beside it, and through ``sharedpath`` (with ``shared`` in
+    ``requires``) uses another store and, share-safe, that store's config: here one hidden
+    inside a ``.git``, which no walk audits.  Each one planted or changed during the run
+    goes (the user's own hgrc gets its launch content back), and so do Jujutsu's repository
+    and workspace configs and a workspace pointer (jj's own source is the reference for
+    those: jj is not installed here).  Controls: before the audit host ``hg status`` runs
+    every planted hook; a hook the user's hgrc held at launch, unchanged, stays and runs."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        marks = os.path.join(base, "marks"); os.mkdir(marks)
+        def hg(cwd, *args):
+            return subprocess.run(["hg", "--config", "ui.username=t", *args], cwd=cwd,
+                                  capture_output=True, text=True, env=dict(os.environ,
+                                  HGRCPATH=""))
+        def hook(name):
+            return f"[hooks]\\npre-status = touch {{marks}}/{{name}}\\n"
+        for d in ("mine", "shared", "other", "calm"):
+            hg(top, "init", d)
+        with open(os.path.join(top, "calm/.hg/hgrc"), "w") as f:
+            f.write(hook("users"))
+        with open(os.path.join(top, "mine/.hg/hgrc"), "w") as f:
+            f.write("[ui]\\nusername = me\\n")
+        mine = open(os.path.join(top, "mine/.hg/hgrc")).read()
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        with open(os.path.join(top, "mine/.hg/hgrc"), "a") as f:
+            f.write(hook("changed"))
+        hg(top, "init", "new")
+        with open(os.path.join(top, "new/.hg/hgrc"), "w") as f:
+            f.write(hook("new"))
+        with open(os.path.join(top, "other/.hg/hgrc-not-shared"), "w") as f:
+            f.write(hook("notshared"))
+        hidden = os.path.join(top, "g/.git/x")
+        os.makedirs(hidden)
+        hg(hidden, "init", ".")
+        with open(os.path.join(hidden, ".hg/hgrc"), "w") as f:
+            f.write(hook("source"))
+        with open(os.path.join(top, "shared/.hg/requires"), "a") as f:
+            f.write("shared\\n")
+        with open(os.path.join(top, "shared/.hg/sharedpath"), "w") as f:
+            f.write(os.path.join(hidden, ".hg"))
+        os.makedirs(os.path.join(top, "j/.jj/repo"))
+        os.makedirs(os.path.join(top, "k/.jj"))
+        for rel in ("j/.jj/repo/config.toml", "j/.jj/repo/config-id",
+                    "j/.jj/workspace-config.toml", "k/.jj/repo"):
+            with open(os.path.join(top, rel), "w") as f:
+                f.write("[ui]\\npager = 'evil'\\n")
+        def status():
+            for d in ("mine", "new", "other", "shared", "calm"):
+                hg(os.path.join(top, d), "status")
+            ran = sorted(os.listdir(marks))
+            for m in ran:
+                os.unlink(os.path.join(marks, m))
+            return ran
+        before = status()
+        actions = audit.Auditor(census, lambda: q).run()
+        after = status()
+        kept = open(os.path.join(top, "mine/.hg/hgrc")).read()
+        print(json.dumps({{"before": before, "after": after, "kept": kept == mine,
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions)}}))
+    """)
+    assert r["before"] == ["changed", "new", "notshared", "source", "users"], r
+    assert r["after"] == ["users"] and r["kept"], r
+    assert r["did"] == [["j/.jj/repo/config-id", "quarantined"],
+                        ["j/.jj/repo/config.toml", "quarantined"],
+                        ["j/.jj/workspace-config.toml", "quarantined"],
+                        ["k/.jj/repo", "quarantined"],
+                        ["mine/.hg/hgrc", "quarantined"], ["mine/.hg/hgrc", "restored"],
+                        ["new/.hg/hgrc", "quarantined"],
+                        ["other/.hg/hgrc-not-shared", "quarantined"],
+                        ["shared/.hg/sharedpath", "quarantined"]], r

@@ -46,7 +46,7 @@ from . import fsops
 from . import sig as signal
 from .errors import STOPPING
 from .fswalk import join, move, walk
-from .guard import PROTECTED_NAMES, SELF_COMMONDIR, Finding
+from .guard import PROTECTED_NAMES, SELF_COMMONDIR, Finding, vcs_control
 from .record import NamedTuple, Record, field
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
@@ -195,7 +195,8 @@ def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
     return Census(
         tuple(trees), names, gitdirs=gitdirs, linked=linked,
         protected=frozenset(f.path for f in findings if os.path.basename(f.path) in names
-                            or os.path.basename(f.path) == ".git"),
+                            or os.path.basename(f.path) == ".git"
+                            or vcs_control(f.path, f.kind)),
         placeholders=tuple(placeholders), hook_folders=hook_folders,
         commands=gitstate.at_launch(trees, gitdirs | linked))
 
@@ -229,7 +230,8 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                         _nested_census(tree, here, linked, backups, budget, folders)
                     entries.clear()
                     continue
-                for e in [e for e in entries if e.name in names or e.name == ".git"]:
+                for e in [e for e in entries if e.name in names or e.name == ".git"
+                          or vcs_control(tree.path(join(here, e.name)), e.kind)]:
                     rel = join(here, e.name)
                     protected.add(tree.path(rel))
                     if e.name == ".git" and e.kind == "dir":
@@ -379,7 +381,7 @@ class Auditor:
                 self._strip(tree, rel)
             if e.name == ".git":
                 self._dot_git(tree, rel, e)
-            elif e.name in self.census.names:
+            elif e.name in self.census.names or vcs_control(tree.path(rel), e.kind):
                 self._protected(tree, rel, e)
             elif e.kind == "dir":
                 keep.append(e)

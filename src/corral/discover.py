@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from . import fsops, repos
 from .errors import UsageError
 from .fswalk import join, walk
-from .guard import PROTECTED_NAMES, Finding
+from .guard import PROTECTED_NAMES, Finding, vcs_control
 from .locate import land
 
 __all__ = ["MAX_MASKS", "MAX_SCANNED", "PROTECTED_NAMES", "home_links", "scan", "secrets_in",
@@ -136,8 +136,9 @@ def _directory(tree: fsops.Tree, scope: repos.Scope, here: str, entries: list[fs
             found += _dot_git(tree, scope, rel, e.kind)
             continue
         secret = (e.kind == "dir" and e.name in SECRET_DIRS) or _is_secret(e.name, allowed)
-        if e.name in protected or secret:
-            found.append(_named(tree, rel, e.kind, e.name in protected))
+        control = e.name in protected or vcs_control(tree.path(rel), e.kind)
+        if control or secret:
+            found.append(_named(tree, rel, e.kind, control))
             continue
         keep.append(e)
     entries[:] = keep

@@ -20,8 +20,8 @@ from .host import HostFacts
 from .policy import check_path
 from .record import NamedTuple
 
-__all__ = ["CREDENTIAL_DIRS", "PROTECTED_NAMES", "Finding", "check_workspace",
-           "check_writable_root", "userns_hint"]
+__all__ = ["CREDENTIAL_DIRS", "PROTECTED_NAMES", "VCS_CONTROLS", "Finding", "check_workspace",
+           "check_writable_root", "userns_hint", "vcs_control"]
 
 # Never writable themselves, nor anything beneath them.
 SYSTEM_TREES = ("/usr", "/etc", "/boot", "/proc", "/sys", "/dev", "/run", "/bin", "/sbin",
@@ -55,6 +55,27 @@ PROTECTED_NAMES = frozenset({
     # other agents' project settings and MCP servers
     ".windsurf", ".kiro", ".roo", ".amazonq", ".opencode", "opencode.json", "opencode.jsonc",
 })
+
+# Other version controls' files that make their command on the host run a program, known by
+# their place in the tree (the names alone are too common to protect anywhere): Mercurial's
+# repository config (its hooks run on `hg status`), the config it reads beside it, and the
+# pointer of a share to the store it uses (whose config a share-safe repository reads too);
+# Jujutsu's repository and workspace config (jj moves one it finds into its own config
+# folder and uses it: `ui.pager` runs on `jj log`) and the ids naming that copy.  The
+# pointer of a jj workspace to its repository, ``.jj/repo`` when it is not a folder, counts
+# too (see vcs_control).
+VCS_CONTROLS = ((".hg", "hgrc"), (".hg", "hgrc-not-shared"), (".hg", "sharedpath"),
+                (".jj", "repo", "config.toml"), (".jj", "repo", "config-id"),
+                (".jj", "workspace-config.toml"), (".jj", "workspace-config-id"))
+
+
+def vcs_control(path: str, kind: str) -> bool:
+    """Whether ``path`` (its last components) is one of :data:`VCS_CONTROLS`, or a jj
+    workspace's pointer to its repository (``.jj/repo``, anything but a folder)."""
+    parts = tuple(path.rsplit("/", 3)[-3:])
+    if kind != "dir" and parts[-2:] == (".jj", "repo"):
+        return True
+    return any(parts[-len(c):] == c for c in VCS_CONTROLS)
 
 
 def _under(path: str, root: str) -> bool:
