@@ -439,11 +439,19 @@ def test_the_payload_starts_with_every_signal_at_its_default(who: Identity) -> N
 
 def test_a_library_caller_that_ignores_sigchld_is_refused(who: Identity) -> None:
     """In a process that ignores SIGCHLD every child is reaped unseen: a failed mke2fs or
-    git step would read as a passed one, and bwrap's end was never seen.  corral.run
-    refuses before it starts anything; control: with the default it runs."""
-    script = (RAW_IGNORE + "import json, os, signal, sys, corral\n"
+    git step would read as a passed one, and bwrap's end was never seen.  SA_NOCLDWAIT
+    with the default action does the same without ignoring anything.  corral.run refuses
+    before it starts anything; controls: there a child that exits 3 reads as 0 to
+    subprocess; with the default corral runs."""
+    script = (RAW_IGNORE + "import json, os, signal, subprocess, sys, corral\n"
               "if sys.argv[1] == 'ign': signal.signal(signal.SIGCHLD, signal.SIG_IGN)\n"
               "if sys.argv[1] == 'raw': raw_ignore(signal.SIGCHLD)\n"
+              "if sys.argv[1] == 'nowait':\n"
+              "    nr = {'x86_64': 13, 'aarch64': 134}[os.uname().machine]\n"
+              "    act = (ctypes.c_ulong * 4)(0, 2)  # SIG_DFL, SA_NOCLDWAIT\n"
+              "    assert ctypes.CDLL(None).syscall(nr, signal.SIGCHLD, act, None, 8) == 0\n"
+              "    lost = subprocess.run(['/bin/sh', '-c', 'exit 3']).returncode\n"
+              "    assert lost == 0, lost  # the harm: a failed step reads as passed\n"
               "runs = os.path.join(os.getcwd(), 'runs-' + sys.argv[1])\n"
               "try:\n"
               "    r = corral.run(['/bin/sh', '-c', 'exit 3'], runs_dir=runs)\n"
@@ -451,7 +459,7 @@ def test_a_library_caller_that_ignores_sigchld_is_refused(who: Identity) -> None
               "except corral.CorralError as e:\n"
               "    print(json.dumps(['refused', str(e), os.path.exists(runs)]))\n")
     seen = {}
-    for mode in ("ign", "raw", "dfl"):
+    for mode in ("ign", "raw", "nowait", "dfl"):
         r = subprocess.run([*who.prefix(), "-c", script, mode], env=who.environ(),
                            cwd=who.tmp, capture_output=True, text=True, timeout=120,
                            check=False)
@@ -460,6 +468,8 @@ def test_a_library_caller_that_ignores_sigchld_is_refused(who: Identity) -> None
     for mode in ("ign", "raw"):  # raw: behind Python's back, as a C library may
         assert seen[mode][0] == "refused" and "ignores SIGCHLD" in seen[mode][1], seen
         assert seen[mode][2] is False, seen  # nothing made
+    assert seen["nowait"][0] == "refused" and "SA_NOCLDWAIT" in seen["nowait"][1], seen
+    assert seen["nowait"][2] is False, seen
     assert seen["dfl"] == ["exited", 3], seen  # the control
 
 

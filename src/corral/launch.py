@@ -273,7 +273,7 @@ def default_signals() -> Callable[[], None]:
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
-    nr = {"x86_64": 13, "aarch64": 134}.get(os.uname().machine)  # rt_sigaction
+    nr = signal.RT_SIGACTION.get(os.uname().machine)
     zero = (ctypes.c_ulong * 4)()  # SIG_DFL, no flags, an empty mask
     usable = signal.valid_signals()
     reserved = [n for n in range(1, 65) if n not in usable] if nr is not None else []

@@ -53,3 +53,8 @@ __all__ = [
 
 if not TYPE_CHECKING:
     globals().update({name: getattr(_module, name) for name in __all__})
+
+# The raw rt_sigaction(2), by machine, for what the libc or the signal module will not do
+# (the libc's reserved 32 and 33, and reading an action's flags).
+RT_SIGACTION = {"x86_64": 13, "aarch64": 134}
+SA_NOCLDWAIT = 2  # asm-generic and x86
