@@ -165,15 +165,18 @@ def _evict(dirfd: int, keep: str) -> None:
             os.unlink(entry, dir_fd=dirfd)
 
 
-def _copy_template(folder: str, size: int, owner: tuple[int, int], dest: int) -> bool:
-    """Copy the blocks the template holds into ``dest`` (same size, sparse); False when
-    there is no usable template (the caller formats ``dest`` itself)."""
+def _usable_template(folder: str, size: int, owner: tuple[int, int]) -> int | None:
+    """A descriptor of the template (see template()), or None when there is none usable
+    here (the caller formats the image itself)."""
     try:
-        src = template(folder, size, owner)
+        return template(folder, size, owner)
     except OSError:
-        return False
-    if src is None:
-        return False
+        return None
+
+
+def _copy_blocks(src: int, dest: int) -> bool:
+    """Copy the blocks the template ``src`` holds into ``dest`` (a loop device of the same
+    size, over a sparse file); False when that cannot be done (the caller formats it)."""
     try:
         extents = _extents(src)
         # A file system that cannot tell holes reports the whole file as data: copying
@@ -183,26 +186,14 @@ def _copy_template(folder: str, size: int, owner: tuple[int, int], dest: int) ->
             return False
         for offset, length in extents:
             while length > 0:
-                n = _copy_range(src, dest, length, offset)
+                data = os.pread(src, min(length, 1 << 20), offset)
+                n = os.pwrite(dest, data, offset) if data else 0
                 if n <= 0:
                     return False
                 offset, length = offset + n, length - n
         return True
-    except OSError:  # mke2fs -F then writes over what was copied
+    except OSError:
         return False
-    finally:
-        os.close(src)
-
-
-def _copy_range(src: int, dest: int, length: int, offset: int) -> int:
-    """Bytes copied at ``offset``: in the kernel, or (another file system) through here."""
-    try:
-        return os.copy_file_range(src, dest, length, offset, offset)
-    except OSError as e:
-        if e.errno not in (errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
-            raise
-    data = os.pread(src, min(length, 1 << 20), offset)
-    return os.pwrite(dest, data, offset) if data else 0
 
 
 def _extents(fd: int) -> list[tuple[int, int]] | None:
@@ -233,23 +224,43 @@ class Image:
         self.exported: Exported | None = None
 
     def create(self) -> None:
-        """Raises OSError (or SubprocessError) when the host will not make it."""
+        """Raises OSError (or SubprocessError) when the host will not make it.
+
+        What reaches the host's disk is kept to what the payload leaves there long enough
+        for the host to write it back: the template's blocks are written through the loop
+        device once it is bound, not into the file before (binding fsyncs the file, which
+        wrote them out at every run), and the mount takes no barriers (``nobarrier``: its
+        unmount would otherwise fsync everything the run wrote into the file just before
+        the file is deleted, and the host disk then discard it).  An image lives only as
+        long as its run, which a crash of the host ends anyway.  Measured in
+        bench/RESULTS.md (the disk image phases of "The launch floor").
+        """
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                      | os.O_CLOEXEC, 0o600)
+        src = None
         try:
             os.ftruncate(fd, self.size)  # sparse: the host's disk holds only what is written
-            if self.templates is None or not _copy_template(self.templates, self.size,
-                                                            self.owner, fd):
+            if self.templates is not None:
+                src = _usable_template(self.templates, self.size, self.owner)
+            if src is None:
                 _format(fd, self.owner)
+            device, dev = mountns.attach_loop(self.path)
+        except BaseException:
+            if src is not None:
+                os.close(src)
+            raise
         finally:
             os.close(fd)
-        device, dev = mountns.attach_loop(self.path)
         try:
+            if src is not None and not _copy_blocks(src, dev):
+                _format(dev, self.owner)  # mke2fs -F writes over what was copied
             # noinit_itable: the kernel would otherwise zero the inode tables mke2fs left
             # for later, in the background, writing them out into the sparse image.
-            self.mount_fd = mountns.mount_fs("ext4", device, ("noinit_itable",))
+            self.mount_fd = mountns.mount_fs("ext4", device, ("noinit_itable", "nobarrier"))
         finally:
             os.close(dev)  # the mount holds the device now; autoclear frees it after
+            if src is not None:
+                os.close(src)
         os.rmdir("lost+found", dir_fd=self.mount_fd)  # root's; nothing of the run's
 
     def root(self) -> int:
