@@ -109,16 +109,21 @@ HG_PLANT = ("(echo '[hooks]' >> hg/.hg/hgrc) 2>/dev/null && echo WROTE-HGRC; "
             "(mv hg/.hg hg/.hg-old) 2>/dev/null && echo RENAMED; "
             "echo more >> hg/f && hg -R hg --config ui.username=a commit -q -m x && "
             "echo COMMITTED; hg init new && "
-            "printf '[hooks]\\npre-status = echo HOOK-RAN\\n' > new/.hg/hgrc && echo PLANTED")
+            "printf '[hooks]\\npre-status = echo HOOK-RAN\\n' > new/.hg/hgrc && echo PLANTED; "
+            "hg init lib && mv lib/.hg .cache-lib && ln -s ../.cache-lib lib/.hg && "
+            "printf '[hooks]\\npre-status = echo LINK-RAN\\n' > .cache-lib/hgrc && "
+            "echo 'lib = lib' > .hgsub && echo LINKED")
 
 
 def test_mercurial_and_jujutsu_controls_are_read_only_and_plants_go(
         who: Identity, lab: Lab) -> None:
     """Mercurial runs what ``.hg/hgrc`` names on ``hg status``: like git's config it is
     read-only inside (and ``.hg`` cannot be renamed away), while commits still work; an
-    ``hgrc`` planted in a repository the agent made goes to the quarantine after the run.
-    jj's config id is read-only too.  Control: the naive sandbox writes both, and host
-    ``hg status`` in the planted repository runs the hook."""
+    ``hgrc`` planted in a repository the agent made goes to the quarantine after the run,
+    and so do a ``.hg`` made a link to a folder of another name and a ``.hgsub`` naming
+    that repository as a subrepository (review 25: host ``hg commit`` at the top loaded
+    its config).  jj's config id is read-only too.  Control: the naive sandbox writes
+    both, and host ``hg status`` in either planted repository runs its hook."""
     _runs_as(who, lab)
     subprocess.run(["hg", "init", str(lab.project / "hg")], check=True, capture_output=True)
     (lab.project / "hg" / ".hg" / "hgrc").write_text("[ui]\nusername = me\n")
@@ -137,10 +142,15 @@ def test_mercurial_and_jujutsu_controls_are_read_only_and_plants_go(
     assert "new/.hg/hgrc" in r.stderr and "quarantined" in r.stderr, r.stderr
     assert not (lab.project / "new" / ".hg" / "hgrc").exists()
     assert "HOOK-RAN" not in _host_hg(who, lab.project / "new", "status").stdout
-    shutil.rmtree(lab.project / "new")
+    assert "LINKED" in r.stdout and not (lab.project / "lib" / ".hg").is_symlink(), r.stderr
+    assert not (lab.project / ".hgsub").exists(), r.stderr
+    assert "LINK-RAN" not in _host_hg(who, lab.project / "lib", "status").stdout
+    for planted in ("new", "lib", ".cache-lib"):
+        shutil.rmtree(lab.project / planted)
     ctl = naive(who, lab, HG_PLANT)
     assert "WROTE-HGRC" in ctl.stdout and "WROTE-JJ" in ctl.stdout, ctl.stdout + ctl.stderr
     assert "HOOK-RAN" in _host_hg(who, lab.project / "new", "status").stdout
+    assert "LINK-RAN" in _host_hg(who, lab.project / "lib", "status").stdout
 
 
 def test_symlink_to_ssh_in_the_project_shows_nothing(who: Identity, lab: Lab) -> None:

@@ -602,3 +602,91 @@ def test_mercurial_and_jujutsu_controls_planted_in_a_reused_workspace_go(
                         ["new/.hg/hgrc", "quarantined"],
                         ["other/.hg/hgrc-not-shared", "quarantined"],
                         ["shared/.hg/sharedpath", "quarantined"]], r
+
+
+def test_a_control_folder_swapped_in_or_linked_is_not_taken_for_the_launchs(
+        who: Identity) -> None:
+    """Review 25: copies made by an earlier run keep their files' old change times, so a
+    ``.hg`` (its ``hgrc`` with a hook) or a ``.vscode`` renamed into place passed for the
+    launch's, and a ``.hg`` made a link to a folder of any other name was nobody's
+    control; host ``hg status`` ran both hooks.  The census records the identity of each
+    protected path and of every folder beneath a protected folder, and a ``.hg`` or
+    ``.jj`` that is not a folder is a control.  Controls: before the audit host hg runs
+    both hooks; a census without the identities keeps the swapped-in hgrc and tasks."""
+    r = as_identity(who, f"""
+        import shutil
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        marks = os.path.join(base, "marks"); os.mkdir(marks)
+        def hg(cwd, *args):
+            return subprocess.run(["hg", "--config", "ui.username=t", *args], cwd=cwd,
+                                  capture_output=True, text=True,
+                                  env=dict(os.environ, HGRCPATH=""))
+        def hook(name):
+            return f"[hooks]\\npre-status = touch {{marks}}/{{name}}\\n"
+        def at(rel):
+            return os.path.join(top, rel)
+        def plant():  # an earlier run's copies, then this run's swaps
+            for d in ("mine", "linked"):
+                if not os.path.isdir(at(d)):
+                    hg(top, "init", d)
+            with open(at("mine/.hg/hgrc"), "w") as f:
+                f.write("[ui]\\nusername = me\\n")
+            os.makedirs(at(".vscode"), exist_ok=True)
+            with open(at(".vscode/tasks.json"), "w") as f:
+                f.write("mine\\n")
+            shutil.copytree(at("mine/.hg"), at("stash-hg"), symlinks=True)
+            with open(at("stash-hg/hgrc"), "a") as f:
+                f.write(hook("swapped"))
+            shutil.copytree(at("mine/.hg"), at("store"), symlinks=True)
+            with open(at("store/hgrc"), "w") as f:
+                f.write(hook("linked"))
+            shutil.copytree(at(".vscode"), at("stash-vs"))
+            with open(at("stash-vs/tasks.json"), "w") as f:
+                f.write("evil\\n")
+        def swap():
+            later()
+            os.rename(at("mine/.hg"), at("mine/.hg-old"))
+            os.rename(at("stash-hg"), at("mine/.hg"))
+            shutil.rmtree(at("linked/.hg"))
+            os.symlink("../store", at("linked/.hg"))
+            os.rename(at(".vscode"), at(".vscode-old"))
+            os.rename(at("stash-vs"), at(".vscode"))
+        def status():
+            for d in ("mine", "linked"):
+                hg(at(d), "status")
+            ran = sorted(os.listdir(marks))
+            for m in ran:
+                os.unlink(os.path.join(marks, m))
+            return ran
+        def reset():
+            for d in os.listdir(top):
+                p = at(d)
+                shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
+        out = {{}}
+        for mode in ("identities", "none"):
+            reset()
+            plant()
+            census = audit.census_of_tree(top, None, audit.protected_names())
+            if mode == "none":
+                from corral.record import replace
+                census = replace(census, folders={{}})
+            swap()
+            out[mode + "-before"] = status()
+            actions = audit.Auditor(census, lambda: q).run()
+            out[mode + "-after"] = status()
+            out[mode + "-tasks"] = open(at(".vscode/tasks.json")).read() \\
+                if os.path.exists(at(".vscode/tasks.json")) else None
+            out[mode + "-hgrc"] = open(at("mine/.hg/hgrc")).read()
+            out[mode + "-did"] = sorted((os.path.relpath(a.path, top), a.did) for a in actions)
+        print(json.dumps(out))
+    """)
+    assert r["identities-before"] == ["linked", "swapped"], r  # the control
+    assert r["identities-after"] == [], r
+    assert r["identities-hgrc"] == "[ui]\nusername = me\n", r
+    assert r["identities-tasks"] is None, r  # no copy of a folder's files: quarantined
+    assert [".vscode/tasks.json", "quarantined"] in r["identities-did"], r
+    assert ["linked/.hg", "quarantined"] in r["identities-did"], r
+    # Control: without the identities the swapped-in hgrc and tasks pass for the launch's.
+    assert r["none-after"] == ["swapped"] and r["none-tasks"] == "evil\n", r

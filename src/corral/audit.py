@@ -106,9 +106,10 @@ class Census(Record):
     backups: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # path: data, mode
     commands: dict[str, frozenset[str]] = field(default_factory=dict)  # gitstate.at_launch
     started_ns: int = field(default_factory=time.time_ns)
-    # (dev, ino) of each git directory and its hooks folder at launch, in a reused
-    # workspace: a folder renamed into place keeps its files' change times, so the
-    # folder's own identity tells it apart (review 11)
+    # (dev, ino) at launch, in a reused workspace, of each git directory and its hooks
+    # folder, and of each protected path and every folder beneath a protected folder: a
+    # folder renamed into place keeps its files' change times, so the folder's own
+    # identity tells it apart (reviews 11 and 25)
     folders: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def swapped(self, tree: fsops.Tree, rel: str) -> bool:
@@ -234,6 +235,8 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                           or vcs_control(tree.path(join(here, e.name)), e.kind)]:
                     rel = join(here, e.name)
                     protected.add(tree.path(rel))
+                    if e.name != ".git":
+                        _identities(tree, rel, e.kind, folders)
                     if e.name == ".git" and e.kind == "dir":
                         gitdirs.add(tree.path(rel))
                         _keep(tree, rel, backups, budget, folders)
@@ -246,6 +249,25 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     return Census(((top, owner),), names, frozenset(gitdirs), linked=frozenset(linked),
                   protected=frozenset(protected), backups=backups, folders=folders,
                   commands=gitstate.at_launch([(top, owner)], gitdirs | linked))
+
+
+def _identities(tree: fsops.Tree, rel: str, kind: str,
+                folders: dict[str, tuple[int, int]]) -> None:
+    """Record the identity of a protected path and, for a folder, of every folder beneath:
+    one renamed into place keeps its files' old change times (review 25 swapped a copy of
+    ``.hg`` made by an earlier run in, its ``hgrc`` with a hook), so only the identity
+    tells the audit it is not the one the launch saw."""
+    st = tree.lstat(rel)
+    if st is None:
+        return
+    folders[tree.path(rel)] = (st.st_dev, st.st_ino)
+    if kind != "dir":
+        return
+    with contextlib.suppress(OSError):  # an unreadable corner: every file there is new
+        for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
+            for e in entries:
+                if e.kind == "dir" and e.st is not None:
+                    folders[tree.path(join(here, e.name))] = (e.st.st_dev, e.st.st_ino)
 
 
 def _nested_census(tree: fsops.Tree, gitdir: str, linked: set[str],
@@ -427,15 +449,31 @@ class Auditor:
                                          "run, inside a folder tools on the host trust")
             return
         if e.kind != "dir":
-            if self.census.changed(e.st):
+            if self.census.changed(e.st) or self.census.swapped(tree, rel):
                 self._quarantine(tree, rel, "changed during the run, and trusted by tools "
                                  "on the host", restore=True)
             return
+        # A folder that is not the one the launch saw there (renamed in, its files keeping
+        # their old change times), when the census knows: all beneath it counts as changed.
+        other = {rel} if self.census.swapped(tree, rel) else set()
         for here, entries in self._walk(tree, rel):
             for sub in entries:
-                if sub.kind != "dir" and self.census.changed(sub.st):
-                    self._quarantine(tree, join(here, sub.name), "changed during the run, "
-                                     "inside a folder tools on the host trust", restore=True)
+                path = join(here, sub.name)
+                if sub.kind == "dir":
+                    if here in other or self._other_folder(tree, path, sub.st):
+                        other.add(path)
+                elif here in other or self.census.changed(sub.st):
+                    self._quarantine(tree, path, "changed during the run, inside a folder "
+                                     "tools on the host trust", restore=True)
+
+    def _other_folder(self, tree: fsops.Tree, rel: str, st: os.stat_result | None) -> bool:
+        """Whether a folder inside a protected one is not the one the census recorded
+        there (a reused workspace's census records them all; agent mode's, where they
+        are read-only, none)."""
+        if not self.census.folders:
+            return False
+        want = self.census.folders.get(tree.path(rel))
+        return st is None or want != (st.st_dev, st.st_ino)
 
     def _gitdir(self, tree: fsops.Tree, rel: str, setid: bool = True) -> None:
         if tree.path(rel) in self.gitdirs_done:  # reached twice (a .git inside modules/)

@@ -43,6 +43,8 @@ PROTECTED_NAMES = frozenset({
     ".zshrc", ".zshenv", ".zprofile", ".zlogin", ".zlogout", ".cshrc", ".tcshrc", ".login",
     ".kshrc", ".mkshrc", ".inputrc", ".gitmodules", ".vscode", ".idea", ".claude", ".codex",
     ".gemini", ".cursor", ".pi", ".continue", ".aider.conf.yml", ".mcp.json",
+    # Mercurial's subrepositories: hg opens each (and loads its config) on commit
+    ".hgsub",
     # hook managers: git runs what these name
     ".husky", ".githooks", ".git-hooks", ".pre-commit-config.yaml", ".pre-commit-hooks.yaml",
     "lefthook.yml", "lefthook.yaml", ".lefthook.yml", ".lefthook.yaml", "lefthook-local.yml",
@@ -70,10 +72,12 @@ VCS_CONTROLS = ((".hg", "hgrc"), (".hg", "hgrc-not-shared"), (".hg", "sharedpath
 
 
 def vcs_control(path: str, kind: str) -> bool:
-    """Whether ``path`` (its last components) is one of :data:`VCS_CONTROLS`, or a jj
-    workspace's pointer to its repository (``.jj/repo``, anything but a folder)."""
+    """Whether ``path`` (its last components) is one of :data:`VCS_CONTROLS`; or a
+    ``.hg`` or ``.jj`` that is not a folder (hg and jj follow a link there to a folder of
+    any name, whose ``hgrc`` no rule above names: review 25), or a jj workspace's pointer
+    to its repository (``.jj/repo``, anything but a folder)."""
     parts = tuple(path.rsplit("/", 3)[-3:])
-    if kind != "dir" and parts[-2:] == (".jj", "repo"):
+    if kind != "dir" and (parts[-1] in (".hg", ".jj") or parts[-2:] == (".jj", "repo")):
         return True
     return any(parts[-len(c):] == c for c in VCS_CONTROLS)
 
