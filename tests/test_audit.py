@@ -690,3 +690,84 @@ def test_a_control_folder_swapped_in_or_linked_is_not_taken_for_the_launchs(
     assert ["linked/.hg", "quarantined"] in r["identities-did"], r
     # Control: without the identities the swapped-in hgrc and tasks pass for the launch's.
     assert r["none-after"] == ["swapped"] and r["none-tasks"] == "evil\n", r
+
+
+def test_what_a_later_run_carries_out_of_a_git_folder_is_new(who: Identity) -> None:
+    """Review 26: the walks look at no names inside a ``.git`` folder (but its
+    ``modules/`` and ``worktrees/``), so an earlier run could leave a ``.vscode`` and a
+    ``.git`` file pointing at a repository with a ``core.fsmonitor`` there, and a later
+    run move them out: their change times were the earlier run's, and both stayed; host
+    ``git status`` ran the fsmonitor.  A reused workspace's census has seen the whole
+    tree, so what it did not see is new.  What it saw, moved with a folder above it
+    (``mv app web``), is the user's, and stays; a second name of the user's hgrc is not
+    (and the link changed the first, which gets its launch copy back).
+    Controls: before the audit host git runs the fsmonitor; judged by time alone (a census
+    that is not whole) both plants stay."""
+    r = as_identity(who, f"""
+        import shutil
+        from corral.record import replace
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws")
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        mark = os.path.join(base, "FSMONITOR-RAN")
+        def at(rel):
+            return os.path.join(top, rel)
+        def host_git_status():
+            subprocess.run(["git", "-c", "safe.directory=*", "status"], cwd=at("app2"),
+                           capture_output=True)
+            ran = os.path.exists(mark)
+            if ran:
+                os.unlink(mark)
+            return ran
+        out = {{}}
+        for mode in ("whole", "by-time"):
+            shutil.rmtree(top, ignore_errors=True); os.mkdir(top)
+            # The user's own: an hg checkout and a .vscode in app/.
+            subprocess.run(["hg", "init", at("app")], check=True, capture_output=True)
+            with open(at("app/.hg/hgrc"), "w") as f:
+                f.write("[ui]\\nusername = me\\n")
+            subprocess.run(["hg", "init", at("calm")], check=True, capture_output=True)
+            with open(at("calm/.hg/hgrc"), "w") as f:
+                f.write("[ui]\\nusername = calm\\n")
+            os.mkdir(at("app/.vscode"))
+            with open(at("app/.vscode/settings.json"), "w") as f:
+                f.write("{{}}\\n")
+            # An earlier run's, hidden where no walk looks at names.
+            git(top, "init", "-q", "--bare", "hide/.git/real")
+            git(at("hide/.git/real"), "config", "core.bare", "false")
+            git(at("hide/.git/real"), "config", "core.fsmonitor", f"touch {{mark}}; false")
+            os.makedirs(at("hide/.git/stash/app2"))
+            with open(at("hide/.git/stash/app2/.git"), "w") as f:
+                f.write("gitdir: ../hide/.git/real\\n")
+            os.makedirs(at("hide/.git/stash/tools/.vscode"))
+            with open(at("hide/.git/stash/tools/.vscode/tasks.json"), "w") as f:
+                f.write("evil\\n")
+            census = audit.census_of_tree(top, None, audit.protected_names())
+            if mode == "by-time":
+                census = replace(census, whole=False)
+            later()
+            os.rename(at("hide/.git/stash/app2"), at("app2"))
+            os.rename(at("hide/.git/stash/tools"), at("tools"))
+            os.rename(at("app"), at("web"))
+            subprocess.run(["hg", "init", at("new")], check=True, capture_output=True)
+            os.link(at("calm/.hg/hgrc"), at("new/.hg/hgrc"))
+            out[mode + "-before"] = host_git_status()
+            actions = audit.Auditor(census, lambda: q).run()
+            out[mode + "-after"] = host_git_status()
+            out[mode + "-did"] = sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions)
+            out[mode + "-kept"] = [open(at(p)).read() if os.path.exists(at(p)) else None
+                                   for p in ("web/.hg/hgrc", "web/.vscode/settings.json",
+                                             "calm/.hg/hgrc")]
+            out[mode + "-tasks"] = os.path.exists(at("tools/.vscode/tasks.json"))
+        print(json.dumps(out))
+    """)
+    assert r["whole-before"] is True, r  # the control: host git obeys the plant
+    assert r["whole-after"] is False and r["whole-tasks"] is False, r
+    assert r["whole-did"] == [["app2/.git", "quarantined"], ["calm/.hg/hgrc", "quarantined"],
+                              ["calm/.hg/hgrc", "restored"], ["new/.hg/hgrc", "quarantined"],
+                              ["tools/.vscode", "quarantined"]], r
+    # Moved with web/, the user's stay; calm's, linked (which changes it), is put back.
+    assert r["whole-kept"] == ["[ui]\nusername = me\n", "{}\n", "[ui]\nusername = calm\n"], r
+    # Control: judged by their change times alone, the carried plants stay.
+    assert r["by-time-after"] is True and r["by-time-tasks"] is True, r

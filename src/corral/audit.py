@@ -111,6 +111,12 @@ class Census(Record):
     # folder renamed into place keeps its files' change times, so the folder's own
     # identity tells it apart (reviews 11 and 25)
     folders: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # The census walked the whole tree (a reused workspace): a protected path or a .git
+    # file it did not see is new, whatever its change time (review 26 carried a .vscode
+    # and a .git file out of a folder inside a .git, where the walks look at no names, in
+    # a later run: their files kept the earlier run's times).  Agent mode's scan stops
+    # at submodules' git directories, so there what it did not see is judged by time.
+    whole: bool = False
 
     def swapped(self, tree: fsops.Tree, rel: str) -> bool:
         """Whether the folder ``rel`` is not the one the census saw there."""
@@ -235,7 +241,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                           or vcs_control(tree.path(join(here, e.name)), e.kind)]:
                     rel = join(here, e.name)
                     protected.add(tree.path(rel))
-                    if e.name != ".git":
+                    if e.name != ".git" or e.kind != "dir":
                         _identities(tree, rel, e.kind, folders)
                     if e.name == ".git" and e.kind == "dir":
                         gitdirs.add(tree.path(rel))
@@ -247,7 +253,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
         except OSError:
             pass  # an unreadable corner: the audit then quarantines what it cannot compare
     return Census(((top, owner),), names, frozenset(gitdirs), linked=frozenset(linked),
-                  protected=frozenset(protected), backups=backups, folders=folders,
+                  protected=frozenset(protected), backups=backups, folders=folders, whole=True,
                   commands=gitstate.at_launch([(top, owner)], gitdirs | linked))
 
 
@@ -343,6 +349,7 @@ class Auditor:
         self.here_is_git = False  # a git directory (each is audited once, not per part)
         self.packs: Budget | None = None  # time to check objects: one for all git dirs
         self.gitdirs_done: set[str] = set()  # each git directory is audited once
+        self._by_identity: dict[tuple[int, int], str] | None = None
 
     def run(self) -> list[Action]:
         try:
@@ -418,12 +425,27 @@ class Auditor:
             self.actions.append(Action(tree.path(rel), "failed", f"a set-id bit set during "
                                        f"the run could not be cleared ({e.strerror})"))
 
+    def _origin(self, path: str, st: os.stat_result | None) -> str | None:
+        """Where the census saw the protected path now at ``path``: there, or (a whole
+        census) where the same file or folder was when a folder above it has been renamed
+        since (``mv app web``: the user's own ``.hg/hgrc`` is no plant); None if new."""
+        if path in self.census.protected:
+            return path
+        if not self.census.whole or st is None or (
+                not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
+            return None  # a second name of the user's file is a plant
+        if self._by_identity is None:
+            self._by_identity = {v: k for k, v in self.census.folders.items()
+                                 if k in self.census.protected}
+        return self._by_identity.get((st.st_dev, st.st_ino))
+
     def _dot_git(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
         path = tree.path(rel)
+        origin = self._origin(path, e.st) if e.kind == "file" else None
         if e.kind == "dir":
             self._gitdir(tree, rel)
-        elif e.kind != "file" or (path not in self.census.protected
-                                  and self.census.changed(e.st)):
+        elif e.kind != "file" or (origin is None and (self.census.changed(e.st)
+                                                      or self.census.whole)):
             self._quarantine(tree, rel, f"a .git ({e.kind}) made during the run")
         elif self.census.changed(e.st) or path in self.census.gitdirs:
             # A .git file that was there, rewritten, or one in place of the git directory
@@ -432,11 +454,12 @@ class Auditor:
             # no walk audits, with a core.fsmonitor host `git status` ran).
             self._quarantine(tree, rel, "a .git file changed during the run, or put in "
                              "place of a git directory: git would follow it on the host",
-                             restore=True)
+                             restore=True, origin=origin)
 
     def _protected(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
-        if tree.path(rel) not in self.census.protected:
-            if e.kind != "dir" or self.census.changed(e.st):
+        origin = self._origin(tree.path(rel), e.st)
+        if origin is None:
+            if e.kind != "dir" or self.census.changed(e.st) or self.census.whole:
                 self._quarantine(tree, rel, "made during the run, and trusted by tools on "
                                  "the host")
                 return
@@ -451,28 +474,32 @@ class Auditor:
         if e.kind != "dir":
             if self.census.changed(e.st) or self.census.swapped(tree, rel):
                 self._quarantine(tree, rel, "changed during the run, and trusted by tools "
-                                 "on the host", restore=True)
+                                 "on the host", restore=True, origin=origin)
             return
         # A folder that is not the one the launch saw there (renamed in, its files keeping
         # their old change times), when the census knows: all beneath it counts as changed.
         other = {rel} if self.census.swapped(tree, rel) else set()
+        moved = (tree.path(rel), origin)  # where the census saw what is beneath
         for here, entries in self._walk(tree, rel):
             for sub in entries:
                 path = join(here, sub.name)
                 if sub.kind == "dir":
-                    if here in other or self._other_folder(tree, path, sub.st):
+                    if here in other or self._other_folder(tree, path, sub.st, moved):
                         other.add(path)
                 elif here in other or self.census.changed(sub.st):
                     self._quarantine(tree, path, "changed during the run, inside a folder "
                                      "tools on the host trust", restore=True)
 
-    def _other_folder(self, tree: fsops.Tree, rel: str, st: os.stat_result | None) -> bool:
+    def _other_folder(self, tree: fsops.Tree, rel: str, st: os.stat_result | None,
+                      moved: tuple[str, str]) -> bool:
         """Whether a folder inside a protected one is not the one the census recorded
         there (a reused workspace's census records them all; agent mode's, where they
-        are read-only, none)."""
+        are read-only, none).  ``moved``: the protected folder's path now and where the
+        census saw it."""
         if not self.census.folders:
             return False
-        want = self.census.folders.get(tree.path(rel))
+        now, then = moved
+        want = self.census.folders.get(then + tree.path(rel)[len(now):])
         return st is None or want != (st.st_dev, st.st_ino)
 
     def _gitdir(self, tree: fsops.Tree, rel: str, setid: bool = True) -> None:
@@ -563,7 +590,9 @@ class Auditor:
         return all(_inert_key(name, value) for name, value in entries)
 
     def _quarantine(self, tree: fsops.Tree, rel: str, why: str, restore: bool = False,
-                    back: bytes | None = None) -> None:
+                    back: bytes | None = None, origin: str | None = None) -> None:
+        """``origin``: where the census saw it, whose copy is put back (its path, unless a
+        folder above it was renamed since)."""
         path = tree.path(rel)
         try:
             if self.qtree is None:
@@ -575,7 +604,7 @@ class Auditor:
             self.actions.append(Action(path, "failed", f"{why} ({what})"))
             return
         self.actions.append(Action(path, "quarantined", why, self.qtree.path(dest)))
-        saved = (back, 0o644) if back is not None else self.census.backups.get(path)
+        saved = (back, 0o644) if back is not None else self.census.backups.get(origin or path)
         if (restore or back is not None) and saved is not None:
             try:
                 tree.write_new(rel, saved[0], saved[1])

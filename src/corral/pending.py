@@ -115,7 +115,8 @@ def _to_json(census: Census) -> dict[str, Any]:
             "placeholders": [list(p) for p in census.placeholders],
             "hook_folders": list(census.hook_folders), "started_ns": census.started_ns,
             "commands": {k: sorted(v) for k, v in census.commands.items()},
-            "folders": {k: list(v) for k, v in census.folders.items()}}
+            "folders": {k: list(v) for k, v in census.folders.items()},
+            "whole": census.whole}
 
 
 def _from_json(data: dict[str, Any]) -> Census:
