@@ -771,3 +771,83 @@ def test_what_a_later_run_carries_out_of_a_git_folder_is_new(who: Identity) -> N
     assert r["whole-kept"] == ["[ui]\nusername = me\n", "{}\n", "[ui]\nusername = calm\n"], r
     # Control: judged by their change times alone, the carried plants stay.
     assert r["by-time-after"] is True and r["by-time-tasks"] is True, r
+
+
+def test_a_git_directory_renamed_to_a_protected_name_is_new(who: Identity) -> None:
+    """Review 27: the census keeps the identity of every ``.git`` folder, and the audit took
+    any identity it knew as a protected path moved with a folder above it; so a git
+    directory an earlier run made, with a ``tasks.json`` and a ``pre-commit`` planted in
+    it (no walk looks at names there), renamed in a later run to ``.vscode`` and to the
+    ``.githooks`` the user's ``core.hooksPath`` names, passed for the user's own, and host
+    ``git commit`` ran the hook.  Only a protected path that kept its name counts as
+    moved, and never a git directory.  Control: before the audit host git runs it."""
+    r = as_identity(who, f"""
+        top = os.path.join({str(who.tmp)!r}, "ws"); os.mkdir(top)
+        q = os.path.join({str(who.tmp)!r}, "quarantine"); os.mkdir(q)
+        mark = os.path.join({str(who.tmp)!r}, "HOOK-RAN")
+        def at(rel):
+            return os.path.join(top, rel)
+        git(top, "init", "-q", ".")
+        git(top, "config", "core.hooksPath", ".githooks")
+        for junk in ("junk1", "junk2"):
+            git(top, "init", "-q", junk)
+        with open(at("junk1/.git/tasks.json"), "w") as f:
+            f.write("evil\\n")
+        with open(at("junk2/.git/pre-commit"), "w") as f:
+            f.write(f"#!/bin/sh\\ntouch {{mark}}\\n")
+        os.chmod(at("junk2/.git/pre-commit"), 0o755)
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        os.rename(at("junk1/.git"), at(".vscode"))
+        os.rename(at("junk2/.git"), at(".githooks"))
+        def commit():
+            subprocess.run(["git", "-c", "user.name=u", "-c", "user.email=u@example.invalid",
+                            "commit", "-q", "--allow-empty", "-m", "x"], cwd=top,
+                           capture_output=True)
+            ran = os.path.exists(mark)
+            if ran:
+                os.unlink(mark)
+            return ran
+        before = commit()
+        actions = audit.Auditor(census, lambda: q).run()
+        print(json.dumps({{"before": before, "after": commit(),
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions),
+                          "left": sorted(os.listdir(top))}}))
+    """)
+    assert r["before"] is True, r  # the control: host git runs the hook
+    assert r["after"] is False, r
+    assert [".githooks", "quarantined"] in r["did"] and [".vscode", "quarantined"] in r["did"]
+    assert ".vscode" not in r["left"] and ".githooks" not in r["left"], r  # type: ignore
+
+
+def test_a_folder_the_census_cannot_read_hides_nothing_else(who: Identity) -> None:
+    """Review 27: a folder the census could not list (another user's, mode 0700, such as a
+    database's volume) ended the census there, which still counted as having seen the
+    whole tree: every protected path it had not reached yet was taken for new, and the
+    user's own ``.vscode``, ``.envrc`` and hooks went to the quarantine after a run that
+    changed nothing.  The census now goes on past it, and judges what is beneath it by
+    time.  As root nothing is unreadable and the census sees all; as the user the folder
+    is listed as unseen.  Control: the protected paths beyond it are in the census."""
+    r = as_identity(who, f"""
+        top = os.path.join({str(who.tmp)!r}, "ws"); os.mkdir(top)
+        q = os.path.join({str(who.tmp)!r}, "quarantine"); os.mkdir(q)
+        for d in ("a1", "a2", "a3", "a4"):
+            os.makedirs(os.path.join(top, d, ".vscode"))
+            with open(os.path.join(top, d, ".envrc"), "w") as f:
+                f.write("use flake\\n")
+        os.mkdir(os.path.join(top, "locked"))
+        os.mkdir(os.path.join(top, "locked", ".vscode"))
+        os.chmod(os.path.join(top, "locked"), 0)
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        actions = audit.Auditor(census, lambda: q).run()
+        os.chmod(os.path.join(top, "locked"), 0o700)
+        print(json.dumps({{"blind": [os.path.relpath(b, top) for b in census.blind],
+                          "seen": sorted(os.path.relpath(p, top) for p in census.protected),
+                          "did": [a.line() for a in actions if a.did != "failed"]}}))
+    """)
+    assert r["did"] == [], r  # nothing of the user's is taken
+    beyond = [f"a{i}/{n}" for i in range(1, 5) for n in (".envrc", ".vscode")]
+    assert all(p in r["seen"] for p in beyond), r  # type: ignore[operator]
+    assert r["blind"] == ([] if who.is_root else ["locked"]), r

@@ -117,6 +117,9 @@ class Census(Record):
     # a later run: their files kept the earlier run's times).  Agent mode's scan stops
     # at submodules' git directories, so there what it did not see is judged by time.
     whole: bool = False
+    # Folders the whole census could not list (another user's, mode 0700): what lies
+    # beneath is judged by time, as the user's own files there may be (review 27).
+    blind: tuple[str, ...] = ()
 
     def swapped(self, tree: fsops.Tree, rel: str) -> bool:
         """Whether the folder ``rel`` is not the one the census saw there."""
@@ -217,6 +220,8 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     protected, budget = set(), [BACKUP_TOTAL]
     backups: dict[str, tuple[bytes, int]] = {}
     folders: dict[str, tuple[int, int]] = {}
+    blind: list[OSError] = []
+    whole = True
     with fsops.Tree(top, owner) as tree:
         try:
             # A bare repository as the workspace itself, as the audit takes it: its
@@ -227,7 +232,8 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                 gitdirs.add(tree.path("."))
                 _keep(tree, ".", backups, budget, folders)
                 _nested_census(tree, ".", linked, backups, budget, folders)
-            for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
+            for here, entries in walk(tree, limit=AUDIT_CAP, stats=True, chunk=CHUNK,
+                                      errors=blind, unlock=False):
                 if not here and bare_top:  # its submodules' and worktrees': done above
                     entries[:] = [e for e in entries if e.name not in _repos().NESTED]
                 if here and (tree.path(here) in gitdirs or _holds_git_dir(tree, here)):
@@ -251,10 +257,17 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                         _copy(tree, rel, backups, budget)
                     entries.remove(e)
         except OSError:
-            pass  # an unreadable corner: the audit then quarantines what it cannot compare
+            whole = False  # it stopped short (the cap): what it did not see is judged by time
     return Census(((top, owner),), names, frozenset(gitdirs), linked=frozenset(linked),
-                  protected=frozenset(protected), backups=backups, folders=folders, whole=True,
+                  protected=frozenset(protected), backups=backups, folders=folders,
+                  whole=whole, blind=tuple(_absolute(tree, e) for e in blind),
                   commands=gitstate.at_launch([(top, owner)], gitdirs | linked))
+
+
+def _absolute(tree: fsops.Tree, e: OSError) -> str:
+    """The folder a walk could not list (its error names it relative to the tree)."""
+    name = os.fsdecode(e.filename or "")
+    return name if name.startswith("/") else tree.path(name)
 
 
 def _identities(tree: fsops.Tree, rel: str, kind: str,
@@ -431,13 +444,25 @@ class Auditor:
         since (``mv app web``: the user's own ``.hg/hgrc`` is no plant); None if new."""
         if path in self.census.protected:
             return path
-        if not self.census.whole or st is None or (
+        if not self._strict(path) or st is None or (
                 not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
             return None  # a second name of the user's file is a plant
-        if self._by_identity is None:
+        if self._by_identity is None:  # protected paths; never a git directory (review 27
+            # renamed one the census knew to .githooks, its planted hook then taken as the
+            # user's)
             self._by_identity = {v: k for k, v in self.census.folders.items()
-                                 if k in self.census.protected}
-        return self._by_identity.get((st.st_dev, st.st_ino))
+                                 if k in self.census.protected and k not in
+                                 self.census.gitdirs and k not in self.census.linked}
+        origin = self._by_identity.get((st.st_dev, st.st_ino))
+        # Moved with a folder above it, a protected path keeps its name.
+        same = origin is not None and os.path.basename(origin) == os.path.basename(path)
+        return origin if same else None
+
+    def _strict(self, path: str) -> bool:
+        """Whether the census saw all there was at ``path``: then what it did not see
+        there is new, whatever its change time."""
+        return self.census.whole and not any(
+            path == b or path.startswith(b.rstrip("/") + "/") for b in self.census.blind)
 
     def _dot_git(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
         path = tree.path(rel)
@@ -445,7 +470,7 @@ class Auditor:
         if e.kind == "dir":
             self._gitdir(tree, rel)
         elif e.kind != "file" or (origin is None and (self.census.changed(e.st)
-                                                      or self.census.whole)):
+                                                      or self._strict(path))):
             self._quarantine(tree, rel, f"a .git ({e.kind}) made during the run")
         elif self.census.changed(e.st) or path in self.census.gitdirs:
             # A .git file that was there, rewritten, or one in place of the git directory
@@ -459,7 +484,7 @@ class Auditor:
     def _protected(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
         origin = self._origin(tree.path(rel), e.st)
         if origin is None:
-            if e.kind != "dir" or self.census.changed(e.st) or self.census.whole:
+            if e.kind != "dir" or self.census.changed(e.st) or self._strict(tree.path(rel)):
                 self._quarantine(tree, rel, "made during the run, and trusted by tools on "
                                  "the host")
                 return

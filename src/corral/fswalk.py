@@ -27,7 +27,7 @@ COPY_CAP = 256 << 20  # bytes one move across file systems may copy (then it ref
 
 
 def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False,
-         chunk: int = 0, errors: list[OSError] | None = None
+         chunk: int = 0, errors: list[OSError] | None = None, unlock: bool = True
          ) -> Iterator[tuple[str, list[Entry]]]:
     """Top-down, like ``os.walk``: (directory, its entries) for ``rel`` and every directory
     beneath.  Remove a directory from the yielded list to stay out of it.  A directory gone
@@ -40,12 +40,14 @@ def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False,
 
     With ``errors`` (the audit's way), a directory the payload locked is given its owner's
     rights back and listed; one that still cannot be listed is appended to ``errors`` and
-    the walk goes on with the rest: one locked folder must not hide every other one."""
+    the walk goes on with the rest: one locked folder must not hide every other one.
+    ``unlock=False``: no rights are given back (the launch's census: the user's folders
+    are theirs to keep locked), such a folder is only appended to ``errors``."""
     stack, count = [rel], 0
     while stack:
         here = stack.pop()
         try:
-            for entries in _parts(tree, here, stats, chunk, errors is not None):
+            for entries in _parts(tree, here, stats, chunk, errors is not None and unlock):
                 count += len(entries)
                 if count > limit:
                     raise OSError(errno.E2BIG, f"more than {limit} entries", tree.path(rel))

@@ -116,7 +116,7 @@ def _to_json(census: Census) -> dict[str, Any]:
             "hook_folders": list(census.hook_folders), "started_ns": census.started_ns,
             "commands": {k: sorted(v) for k, v in census.commands.items()},
             "folders": {k: list(v) for k, v in census.folders.items()},
-            "whole": census.whole}
+            "whole": census.whole, "blind": list(census.blind)}
 
 
 def _from_json(data: dict[str, Any]) -> Census:
@@ -132,7 +132,9 @@ def _from_json(data: dict[str, Any]) -> Census:
                   commands={str(k): frozenset(map(str, v))
                             for k, v in data.get("commands", {}).items()},
                   folders={str(k): (int(v[0]), int(v[1]))
-                           for k, v in data.get("folders", {}).items()})
+                           for k, v in data.get("folders", {}).items()},
+                  whole=bool(data.get("whole", False)),
+                  blind=tuple(map(str, data.get("blind", ()))))
 
 
 def _inside(runs: str, writable: Sequence[str]) -> bool:
