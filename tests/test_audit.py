@@ -22,6 +22,11 @@ def git(cwd, *args):
                    capture_output=True)
 def later():
     time.sleep(0.02)  # ctime granularity: what follows is "during the run"
+def hg(cwd, *args):  # host Mercurial, with no config but the repository's own
+    return subprocess.run(["hg", "--config", "ui.username=t", *args], cwd=cwd,
+                          capture_output=True, text=True, env=dict(os.environ, HGRCPATH=""))
+def hg_hook(marks, name):  # an hgrc whose hook leaves a mark when hg status runs it
+    return f"[hooks]\\npre-status = touch {marks}/{name}\\n"
 """
 
 
@@ -540,12 +545,8 @@ def test_mercurial_and_jujutsu_controls_planted_in_a_reused_workspace_go(
         top = os.path.join(base, "ws"); os.mkdir(top)
         q = os.path.join(base, "quarantine"); os.mkdir(q)
         marks = os.path.join(base, "marks"); os.mkdir(marks)
-        def hg(cwd, *args):
-            return subprocess.run(["hg", "--config", "ui.username=t", *args], cwd=cwd,
-                                  capture_output=True, text=True, env=dict(os.environ,
-                                  HGRCPATH=""))
         def hook(name):
-            return f"[hooks]\\npre-status = touch {{marks}}/{{name}}\\n"
+            return hg_hook(marks, name)
         for d in ("mine", "shared", "other", "calm"):
             hg(top, "init", d)
         with open(os.path.join(top, "calm/.hg/hgrc"), "w") as f:
@@ -619,12 +620,8 @@ def test_a_control_folder_swapped_in_or_linked_is_not_taken_for_the_launchs(
         top = os.path.join(base, "ws"); os.mkdir(top)
         q = os.path.join(base, "quarantine"); os.mkdir(q)
         marks = os.path.join(base, "marks"); os.mkdir(marks)
-        def hg(cwd, *args):
-            return subprocess.run(["hg", "--config", "ui.username=t", *args], cwd=cwd,
-                                  capture_output=True, text=True,
-                                  env=dict(os.environ, HGRCPATH=""))
         def hook(name):
-            return f"[hooks]\\npre-status = touch {{marks}}/{{name}}\\n"
+            return hg_hook(marks, name)
         def at(rel):
             return os.path.join(top, rel)
         def plant():  # an earlier run's copies, then this run's swaps
