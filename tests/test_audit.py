@@ -848,3 +848,57 @@ def test_a_folder_the_census_cannot_read_hides_nothing_else(who: Identity) -> No
     beyond = [f"a{i}/{n}" for i in range(1, 5) for n in (".envrc", ".vscode")]
     assert all(p in r["seen"] for p in beyond), r  # type: ignore[operator]
     assert r["blind"] == ([] if who.is_root else ["locked"]), r
+
+
+def test_a_census_that_fails_beneath_a_git_folder_still_counts_what_it_missed_as_new(
+        who: Identity) -> None:
+    """Review 28: a step of the census that failed (``HEAD`` looked up beneath a folder
+    whose path is 4,093 bytes, inside a submodule's git directory: the name is too long)
+    ended it and made it judge unseen paths by time, which let a ``.git`` file an earlier
+    run hid inside a ``.git`` folder be carried out and kept; host ``git status`` ran its
+    ``core.fsmonitor``.  The failing step now leaves only its own part unrecorded, and
+    what the census did not see stays new.  Control: before the audit host git runs it."""
+    r = as_identity(who, f"""
+        top = os.path.join({str(who.tmp)!r}, "ws"); os.mkdir(top)
+        q = os.path.join({str(who.tmp)!r}, "quarantine"); os.mkdir(q)
+        mark = os.path.join({str(who.tmp)!r}, "FSMONITOR-RAN")
+        def at(rel):
+            return os.path.join(top, rel)
+        git(top, "init", "-q", "--bare", "hide/.git/real")
+        git(at("hide/.git/real"), "config", "core.bare", "false")
+        git(at("hide/.git/real"), "config", "core.fsmonitor", f"touch {{mark}}; false")
+        os.makedirs(at("hide/.git/stash/app2"))
+        with open(at("hide/.git/stash/app2/.git"), "w") as f:
+            f.write("gitdir: ../hide/.git/real\\n")
+        deep = "hide/.git/modules/foo/.git"
+        os.makedirs(at(deep))
+        fd = os.open(at(deep), os.O_RDONLY)
+        rel = deep
+        while 4093 - len(rel) - 1 > 250:  # folders by descriptor: no path too long
+            os.mkdir("d" * 250, dir_fd=fd)
+            fd = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+            rel += "/" + "d" * 250
+        last = "e" * (4093 - len(rel) - 1)
+        os.mkdir(last, dir_fd=fd)
+        fd = os.open(last, os.O_RDONLY, dir_fd=fd)
+        os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        os.rename(at("hide/.git/stash/app2"), at("app2"))
+        def status():
+            subprocess.run(["git", "-c", "safe.directory=*", "status"], cwd=at("app2"),
+                           capture_output=True)
+            ran = os.path.exists(mark)
+            if ran:
+                os.unlink(mark)
+            return ran
+        before = status()
+        actions = audit.Auditor(census, lambda: q).run()
+        print(json.dumps({{"length": len(rel) + 1 + len(last), "whole": census.whole,
+                          "before": before, "after": status(),
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions if a.did != "failed")}}))
+    """)
+    assert r["length"] == 4093 and r["whole"] is True, r
+    assert r["before"] is True, r  # the control: host git obeys the carried .git file
+    assert r["after"] is False and r["did"] == [["app2/.git", "quarantined"]], r
