@@ -825,7 +825,9 @@ def test_a_folder_the_census_cannot_read_hides_nothing_else(who: Identity) -> No
     user's own ``.vscode``, ``.envrc`` and hooks went to the quarantine after a run that
     changed nothing.  The census now goes on past it, and judges what is beneath it by
     time.  As root nothing is unreadable and the census sees all; as the user the folder
-    is listed as unseen.  Control: the protected paths beyond it are in the census."""
+    is listed as unseen, by identity too: a folder of the payload's put in its place (an
+    older ``.vscode`` inside) is not.  Control: the protected paths beyond it are in the
+    census."""
     r = as_identity(who, f"""
         top = os.path.join({str(who.tmp)!r}, "ws"); os.mkdir(top)
         q = os.path.join({str(who.tmp)!r}, "quarantine"); os.mkdir(q)
@@ -836,14 +838,30 @@ def test_a_folder_the_census_cannot_read_hides_nothing_else(who: Identity) -> No
         os.mkdir(os.path.join(top, "locked"))
         os.mkdir(os.path.join(top, "locked", ".vscode"))
         os.chmod(os.path.join(top, "locked"), 0)
+        os.makedirs(os.path.join(top, "hide/.git/x/.vscode"))  # an earlier run's
+        with open(os.path.join(top, "hide/.git/x/.vscode/tasks.json"), "w") as f:
+            f.write("evil\\n")
         census = audit.census_of_tree(top, None, audit.protected_names())
         later()
         actions = audit.Auditor(census, lambda: q).run()
-        os.chmod(os.path.join(top, "locked"), 0o700)
+        # Then a run that puts a folder of its own, an older .vscode in it, where the one
+        # the census could not list was: that one is no longer unseen.
+        os.rename(os.path.join(top, "locked"), os.path.join(top, "locked-old"))
+        os.rename(os.path.join(top, "hide/.git/x"), os.path.join(top, "locked"))
+        again = audit.Auditor(census, lambda: q).run()
+        os.chmod(os.path.join(top, "locked-old"), 0o700)
         print(json.dumps({{"blind": [os.path.relpath(b, top) for b in census.blind],
                           "seen": sorted(os.path.relpath(p, top) for p in census.protected),
-                          "did": [a.line() for a in actions if a.did != "failed"]}}))
+                          "did": [a.line() for a in actions if a.did != "failed"],
+                          "again": sorted((os.path.relpath(a.path, top), a.did)
+                                          for a in again if a.did != "failed")}}))
     """)
+    # Root's census saw the old one (a swapped folder: what is beneath it goes); the
+    # user's could not (a folder it never saw goes whole, and so does the one moved away,
+    # which it cannot tell from a plant: it is in the quarantine).
+    assert r["again"] == ([["locked/.vscode/tasks.json", "quarantined"]] if who.is_root
+                          else [["locked-old/.vscode", "quarantined"],
+                                ["locked/.vscode", "quarantined"]]), r
     assert r["did"] == [], r  # nothing of the user's is taken
     beyond = [f"a{i}/{n}" for i in range(1, 5) for n in (".envrc", ".vscode")]
     assert all(p in r["seen"] for p in beyond), r  # type: ignore[operator]

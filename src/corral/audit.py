@@ -260,9 +260,14 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
             # time" instead: review 28 made the census fail on purpose (a path too long
             # beneath a submodule's git directory) and carried an older .git file out.
             pass
+        unseen = tuple(_absolute(tree, e) for e in blind)
+        for path in unseen:  # its identity: one put in its place later is seen after all
+            with contextlib.suppress(OSError):
+                st = os.lstat(path)
+                folders[path] = (st.st_dev, st.st_ino)
     return Census(((top, owner),), names, frozenset(gitdirs), linked=frozenset(linked),
                   protected=frozenset(protected), backups=backups, folders=folders,
-                  whole=True, blind=tuple(_absolute(tree, e) for e in blind),
+                  whole=True, blind=unseen,
                   commands=gitstate.at_launch([(top, owner)], gitdirs | linked))
 
 
@@ -471,7 +476,17 @@ class Auditor:
         """Whether the census saw all there was at ``path``: then what it did not see
         there is new, whatever its change time."""
         return self.census.whole and not any(
-            path == b or path.startswith(b.rstrip("/") + "/") for b in self.census.blind)
+            (path == b or path.startswith(b.rstrip("/") + "/")) and self._same(b)
+            for b in self.census.blind)
+
+    def _same(self, folder: str) -> bool:
+        """Whether the folder the census could not list is still the one at its path (one
+        the payload renamed away and replaced with its own is no longer unseen)."""
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            return False
+        return self.census.folders.get(folder) == (st.st_dev, st.st_ino)
 
     def _dot_git(self, tree: fsops.Tree, rel: str, e: fsops.Entry) -> None:
         path = tree.path(rel)
