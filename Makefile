@@ -2,13 +2,14 @@
 # Both install what is missing first: system packages (bubblewrap, libseccomp) through
 # scripts/ensure-system, then corral itself into .venv in this checkout.
 
-PYTHON ?= python3
+# The interpreter .venv is built on (scripts/pick-python says which, and why).
+PYTHON ?= $(shell scripts/pick-python)
 VENV   := .venv
 BIN    := $(VENV)/bin
 INIT   := src/corral/init.bin
 INIT_C := src/corral/init.c src/corral/init_config.c src/corral/init_bridge.c src/corral/init_join.c
 
-.PHONY: setup system demo test test-agents check bench clean
+.PHONY: setup system demo test test-agents check bench clean FORCE
 
 SECCOMP_CACHE := src/corral/seccomp.cache
 PROFILES_CACHE := src/corral/profiles.cache
@@ -33,9 +34,14 @@ $(INIT): $(INIT_C) src/corral/init.h scripts/build-init
 system:
 	@PYTHON=$(PYTHON) scripts/ensure-system
 
-$(VENV)/.installed: pyproject.toml
+# .venv is made again when PYTHON names another interpreter than the one it was made with.
+$(VENV)/.python: FORCE
+	@[ "$$(cat $@ 2>/dev/null)" = "$(PYTHON)" ] || { mkdir -p $(VENV) && echo "$(PYTHON)" > $@; }
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.python
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "corral needs Python 3.11 or newer: make PYTHON=python3.11 ...")'
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
+	@echo "$(PYTHON)" > $(VENV)/.python
 	@# The optional extras too: the tests run mcp, batch with its progress display, serve and Ray.
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev,mcp,progress,serve,ray]'
 	@# corral's commands with -I and -S, over pip's (scripts/console-scripts says why).
