@@ -595,7 +595,10 @@ def test_mercurial_and_jujutsu_controls_planted_in_a_reused_workspace_go(
     """)
     assert r["before"] == ["changed", "new", "notshared", "source", "users"], r
     assert r["after"] == ["users"] and r["kept"], r
-    assert r["did"] == [["j/.jj/repo/config-id", "quarantined"],
+    # The store hidden in a folder inside a .git is audited too (review 29: the walks go
+    # into .git folders like any other).
+    assert r["did"] == [["g/.git/x/.hg/hgrc", "quarantined"],
+                        ["j/.jj/repo/config-id", "quarantined"],
                         ["j/.jj/repo/config.toml", "quarantined"],
                         ["j/.jj/workspace-config.toml", "quarantined"],
                         ["k/.jj/repo", "quarantined"],
@@ -761,13 +764,19 @@ def test_what_a_later_run_carries_out_of_a_git_folder_is_new(who: Identity) -> N
     """)
     assert r["whole-before"] is True, r  # the control: host git obeys the plant
     assert r["whole-after"] is False and r["whole-tasks"] is False, r
+    # (The repository hidden in the .git folder goes too: the walks go there since
+    # review 29.)
     assert r["whole-did"] == [["app2/.git", "quarantined"], ["calm/.hg/hgrc", "quarantined"],
-                              ["calm/.hg/hgrc", "restored"], ["new/.hg/hgrc", "quarantined"],
+                              ["calm/.hg/hgrc", "restored"],
+                              ["hide/.git/real/config", "quarantined"],
+                              ["new/.hg/hgrc", "quarantined"],
                               ["tools/.vscode", "quarantined"]], r
     # Moved with web/, the user's stay; calm's, linked (which changes it), is put back.
     assert r["whole-kept"] == ["[ui]\nusername = me\n", "{}\n", "[ui]\nusername = calm\n"], r
     # Control: judged by their change times alone, the carried plants stay.
-    assert r["by-time-after"] is True and r["by-time-tasks"] is True, r
+    # (Host git's own run before the audit, the control above, changed the hidden
+    # repository, which the walks now reach: judged by time it goes too.)
+    assert ["app2/.git", "quarantined"] not in r["by-time-did"] and r["by-time-tasks"], r
 
 
 def test_a_git_directory_renamed_to_a_protected_name_is_new(who: Identity) -> None:
@@ -838,14 +847,19 @@ def test_a_folder_the_census_cannot_read_hides_nothing_else(who: Identity) -> No
         os.mkdir(os.path.join(top, "locked"))
         os.mkdir(os.path.join(top, "locked", ".vscode"))
         os.chmod(os.path.join(top, "locked"), 0)
-        os.makedirs(os.path.join(top, "hide/.git/x/.vscode"))  # an earlier run's
-        with open(os.path.join(top, "hide/.git/x/.vscode/tasks.json"), "w") as f:
-            f.write("evil\\n")
         census = audit.census_of_tree(top, None, audit.protected_names())
         later()
         actions = audit.Auditor(census, lambda: q).run()
-        # Then a run that puts a folder of its own, an older .vscode in it, where the one
-        # the census could not list was: that one is no longer unseen.
+        # Then a run that puts a folder of its own, an older .vscode in it (an earlier
+        # run's, where no census records it), where the one the census could not list
+        # was: that one is no longer unseen.
+        os.makedirs(os.path.join(top, "hide/.git/x/.vscode"))
+        with open(os.path.join(top, "hide/.git/x/.vscode/tasks.json"), "w") as f:
+            f.write("evil\\n")
+        os.chmod(os.path.join(top, "locked"), 0)  # (the audit gave the owner's rights back)
+        later()
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
         os.rename(os.path.join(top, "locked"), os.path.join(top, "locked-old"))
         os.rename(os.path.join(top, "hide/.git/x"), os.path.join(top, "locked"))
         again = audit.Auditor(census, lambda: q).run()
@@ -919,4 +933,229 @@ def test_a_census_that_fails_beneath_a_git_folder_still_counts_what_it_missed_as
     """)
     assert r["length"] == 4093 and r["whole"] is True, r
     assert r["before"] is True, r  # the control: host git obeys the carried .git file
-    assert r["after"] is False and r["did"] == [["app2/.git", "quarantined"]], r
+    # (and the repository it names, hidden in the .git folder: the walks go there since
+    # review 29)
+    assert r["after"] is False and r["did"] == [["app2/.git", "quarantined"],
+                                                ["hide/.git/real/config", "quarantined"]], r
+
+
+def test_what_a_repositorys_config_names_is_audited_by_its_path(who: Identity) -> None:
+    """Review 29: a reused workspace's repository whose own config names files in it (its
+    ``core.hooksPath`` folder, an ``include.path``) had them rewritten by the payload, a
+    hook and a ``core.fsmonitor``; no name there is protected, so the audit said nothing
+    and host git obeyed both.  The census reads the configs as agent mode does
+    (``repos.config_named``) and the audit compares what they name by its path: changed,
+    made where nothing was, or reached through a link made during the run.  Controls:
+    before the audit host git runs the hook and the fsmonitor; the user's unchanged named
+    files stay."""
+    r = as_identity(who, f"""
+        import shutil
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        marks = os.path.join(base, "marks"); os.mkdir(marks)
+        def at(rel):
+            return os.path.join(top, rel)
+        def write(rel, text, mode=0o644):
+            os.makedirs(os.path.dirname(at(rel)), exist_ok=True)
+            with open(at(rel), "w") as f:
+                f.write(text)
+            os.chmod(at(rel), mode)
+        def host_git(repo):  # status runs an fsmonitor, commit a pre-commit hook
+            env = dict(os.environ, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null")
+            for args in (["status"], ["commit", "-q", "--allow-empty", "-m", "x"]):
+                subprocess.run(["git", "-c", "safe.directory=*", "-c", "user.name=t",
+                                "-c", "user.email=t@x", *args], cwd=at(repo),
+                               capture_output=True, env=env)
+            ran = sorted(os.listdir(marks))
+            for m in ran:
+                os.unlink(os.path.join(marks, m))
+            return ran
+        hook = "#!/bin/sh\\nexit 0\\n"
+        for repo in ("a", "b", "c"):
+            git(top, "init", "-q", repo)
+        write("a/scripts/git-hooks/pre-commit", hook, 0o755)
+        write("tools/git.cfg", "[user]\\n\\tname = me\\n")
+        git(at("a"), "config", "core.hooksPath", "scripts/git-hooks")
+        git(at("a"), "config", "include.path", "../../tools/git.cfg")
+        git(at("b"), "config", "core.hooksPath", "hooks-to-come")  # not there at launch
+        write("c/cfg/hooks/pre-commit", hook, 0o755)
+        git(at("c"), "config", "core.hooksPath", "cfg/hooks")
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        write("a/scripts/git-hooks/pre-commit", f"#!/bin/sh\\ntouch {{marks}}/a-hook\\n",
+              0o755)
+        write("tools/git.cfg", f"[core]\\n\\tfsmonitor = touch {{marks}}/a-fsmonitor; false\\n")
+        write("b/hooks-to-come/pre-commit", f"#!/bin/sh\\ntouch {{marks}}/b-hook\\n", 0o755)
+        write("elsewhere/hooks/pre-commit", f"#!/bin/sh\\ntouch {{marks}}/c-hook\\n", 0o755)
+        os.rename(at("c/cfg"), at("c-cfg-old"))
+        os.symlink("../elsewhere", at("c/cfg"))
+        before = {{repo: host_git(repo) for repo in ("a", "b", "c")}}
+        actions = audit.Auditor(census, lambda: q).run()
+        after = {{repo: host_git(repo) for repo in ("a", "b", "c")}}
+        print(json.dumps({{"before": before, "after": after,
+                          "named": sorted(os.path.relpath(p, top) for p in census.named),
+                          "cfg": open(at("tools/git.cfg")).read(),
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions)}}))
+    """)
+    assert r["before"] == {"a": ["a-fsmonitor", "a-hook"], "b": ["b-hook"],
+                           "c": ["c-hook"]}, r  # the control: host git obeys every plant
+    assert r["after"] == {"a": [], "b": [], "c": []}, r
+    assert r["named"] == ["a/scripts/git-hooks", "b/hooks-to-come", "c/cfg/hooks",
+                          "tools/git.cfg"], r
+    assert r["cfg"] == "[user]\n\tname = me\n", r  # the launch's content, put back
+    assert r["did"] == [["a/scripts/git-hooks/pre-commit", "quarantined"],
+                        ["b/hooks-to-come", "quarantined"], ["c/cfg", "quarantined"],
+                        ["tools/git.cfg", "quarantined"], ["tools/git.cfg", "restored"]], r
+
+
+def test_a_repository_hidden_in_a_git_folder_behind_a_link_is_audited(who: Identity
+                                                                       ) -> None:
+    """Review 29: the walks looked at no names inside a ``.git`` folder, so a payload moved
+    the user's repository into one (``hide/.git/stash/proj``), gave its config a
+    ``core.fsmonitor`` and left a link in its place; or moved a plain folder there with a
+    ``.git`` file naming a repository hidden beside it.  Nothing was carried out, so no
+    rule about what was carried out applied; host ``git status`` through the link ran the
+    fsmonitor.  The census and the audit now walk into ``.git`` folders like any other
+    (their submodules' and worktrees' git directories apart, which have their own walk).
+    Control: before the audit host git runs both fsmonitors."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        mark = os.path.join(base, "RAN")
+        def at(rel):
+            return os.path.join(top, rel)
+        def host_git_status(where):
+            subprocess.run(["git", "-c", "safe.directory=*", "status"], cwd=at(where),
+                           capture_output=True)
+            ran = os.path.exists(mark)
+            if ran:
+                os.unlink(mark)
+            return ran
+        git(top, "init", "-q", "proj")
+        os.mkdir(at("src"))
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        os.makedirs(at("hide/.git/stash"))
+        os.rename(at("proj"), at("hide/.git/stash/proj"))
+        git(at("hide/.git/stash/proj"), "config", "core.fsmonitor", f"touch {{mark}}; false")
+        os.symlink("hide/.git/stash/proj", at("proj"))
+        os.rename(at("src"), at("hide/.git/stash/src"))
+        git(top, "init", "-q", "--bare", "hide/.git/stash/real")
+        git(at("hide/.git/stash/real"), "config", "core.bare", "false")
+        git(at("hide/.git/stash/real"), "config", "core.fsmonitor", f"touch {{mark}}; false")
+        with open(at("hide/.git/stash/src/.git"), "w") as f:
+            f.write("gitdir: ../real\\n")
+        os.symlink("hide/.git/stash/src", at("src"))
+        before = [host_git_status(w) for w in ("proj", "src")]
+        actions = audit.Auditor(census, lambda: q).run()
+        after = [host_git_status(w) for w in ("proj", "src")]
+        print(json.dumps({{"before": before, "after": after,
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions)}}))
+    """)
+    assert r["before"] == [True, True], r  # the control: host git obeys both plants
+    assert r["after"] == [False, False], r
+    assert r["did"] == [["hide/.git/stash/proj/.git/config", "quarantined"],
+                        ["hide/.git/stash/real/config", "quarantined"],
+                        ["hide/.git/stash/src/.git", "quarantined"]], r
+
+
+def test_a_folder_the_audit_cannot_examine_does_not_end_it(who: Identity) -> None:
+    """Review 29: a folder whose path is 4,091 bytes can be listed, but its ``HEAD`` cannot
+    be looked up (ENAMETOOLONG); the audit stopped there ("could not finish"), and plants
+    in the folders it had not walked yet stayed.  Now that folder alone is reported and
+    the rest is audited.  Control: before the audit host git runs every plant's
+    fsmonitor."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        marks = os.path.join(base, "marks"); os.mkdir(marks)
+        def at(rel):
+            return os.path.join(top, rel)
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        git(top, "init", "-q", "--bare", "hide/.git/real")
+        git(at("hide/.git/real"), "config", "core.bare", "false")
+        git(at("hide/.git/real"), "config", "core.fsmonitor",
+            f"touch {{marks}}/$(basename $PWD); false")
+        plants = [f"p{{i}}" for i in range(8)]
+        for p in plants:
+            os.mkdir(at(p))
+            with open(at(p + "/.git"), "w") as f:
+                f.write("gitdir: ../hide/.git/real\\n")
+        for d in ("d1", "d2", "d3"):  # among the plants in the walk's order
+            os.mkdir(at(d))
+            fd = os.open(at(d), os.O_RDONLY)
+            inner = ""
+            while len(d) + 1 + len(inner) < 4091 - 201:
+                inner = os.path.join(inner, "x" * 200)
+                os.mkdir(inner, dir_fd=fd)
+            # d/inner/yyy is 4,091 bytes long: listed, but not d/inner/yyy/HEAD
+            last = os.path.join(inner, "y" * (4091 - len(d) - 1 - len(inner) - 1))
+            os.mkdir(last, dir_fd=fd)
+            os.close(os.open(os.path.join(last, "f"), os.O_CREAT | os.O_WRONLY, dir_fd=fd))
+            os.close(fd)
+        def host_git():
+            for p in plants:
+                subprocess.run(["git", "-c", "safe.directory=*", "status"], cwd=at(p),
+                               capture_output=True)
+            ran = sorted(os.listdir(marks))
+            for m in ran:
+                os.unlink(os.path.join(marks, m))
+            return ran
+        before = host_git()
+        actions = audit.Auditor(census, lambda: q).run()
+        after = host_git()
+        print(json.dumps({{"before": before, "after": after, "plants": plants,
+                          "failed": sorted(a.why for a in actions if a.did == "failed"),
+                          "quarantined": sorted(os.path.relpath(a.path, top)
+                                                for a in actions if a.did == "quarantined")}}))
+    """)
+    assert r["before"] == r["plants"], r  # the control: host git obeys every plant
+    assert r["after"] == [], r
+    assert r["quarantined"] == ["hide/.git/real/config", *[f"{p}/.git" for p in r["plants"]]], r
+    assert not any("could not finish" in w for w in r["failed"]), r
+
+
+def test_a_folder_listed_but_not_entered_is_named_and_a_locked_repository_stays(
+        who: Identity) -> None:
+    """Review 29: a folder of another user's that can be listed but not entered (mode 0744)
+    failed at its first entry's lstat, whose error names the entry alone (``lib``): the
+    census took the user's own ``lib`` at the top for the folder it could not list, and
+    judged what lay beneath it by time.  The walk now names the folder itself.  And the
+    user's repository inside their own locked folder (mode 000), which the census cannot
+    list, lost its config and hook after a run that changed nothing (taken for one made
+    during the run): a git directory beneath such a folder is judged by its change time.
+    Control: as root, nothing is unseen."""
+    top = who.tmp / "ws"
+    top.mkdir()
+    (top / "vendor" / "lib").mkdir(parents=True)  # root's, as another user's would be
+    (top / "vendor").chmod(0o744)
+    os.chown(top, who.uid, who.gid)
+    r = as_identity(who, f"""
+        top = {str(top)!r}
+        q = os.path.join({str(who.tmp)!r}, "quarantine"); os.mkdir(q)
+        os.makedirs(os.path.join(top, "lib/app"))
+        os.mkdir(os.path.join(top, "private"))
+        git(os.path.join(top, "private"), "init", "-q", "proj")
+        with open(os.path.join(top, "private/proj/.git/hooks/pre-commit"), "w") as f:
+            f.write("#!/bin/sh\\nexit 0\\n")
+        os.chmod(os.path.join(top, "private"), 0)
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        actions = audit.Auditor(census, lambda: q).run()
+        os.chmod(os.path.join(top, "private"), 0o700)
+        kept = [os.path.exists(os.path.join(top, "private/proj/.git", n))
+                for n in ("config", "hooks/pre-commit")]
+        print(json.dumps({{"blind": sorted(os.path.relpath(b, top) for b in census.blind),
+                          "kept": kept,
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions if a.did != "failed")}}))
+    """)
+    (top / "vendor").chmod(0o755)
+    assert r["blind"] == ([] if who.is_root else ["private", "vendor"]), r
+    assert r["kept"] == [True, True] and r["did"] == [], r

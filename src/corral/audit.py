@@ -120,6 +120,12 @@ class Census(Record):
     # Folders the whole census could not list (another user's, mode 0700): what lies
     # beneath is judged by time, as the user's own files there may be (review 27).
     blind: tuple[str, ...] = ()
+    # Paths the repositories' configs and the user's global ones name in a reused
+    # workspace (included files, the core.hooksPath folder, programs git runs), whatever
+    # their names, there or not at launch (review 29: the payload rewrote the hook in the
+    # folder a repository's own core.hooksPath names, and put a core.fsmonitor in a file
+    # its include.path names; host git obeyed both).
+    named: frozenset[str] = frozenset()
 
     def swapped(self, tree: fsops.Tree, rel: str) -> bool:
         """Whether the folder ``rel`` is not the one the census saw there."""
@@ -217,10 +223,12 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
 
     gitdirs: set[str] = set()
     linked: set[str] = set()
-    protected, budget = set(), [BACKUP_TOTAL]
+    protected: set[str] = set()
+    budget = [BACKUP_TOTAL]
     backups: dict[str, tuple[bytes, int]] = {}
     folders: dict[str, tuple[int, int]] = {}
     blind: list[OSError] = []
+    gitfiles: list[str] = []
     with fsops.Tree(top, owner) as tree:
         try:
             # A bare repository as the workspace itself, as the audit takes it: its
@@ -235,26 +243,11 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                                       errors=blind, unlock=False):
                 if not here and bare_top:  # its submodules' and worktrees': done above
                     entries[:] = [e for e in entries if e.name not in _repos().NESTED]
-                if here and (tree.path(here) in gitdirs or _holds_git_dir(tree, here)):
-                    if tree.path(here) not in gitdirs:  # its first part
-                        gitdirs.add(tree.path(here))
-                        _keep(tree, here, backups, budget, folders)
-                        _guarded(_nested_census, tree, here, linked, backups, budget, folders)
-                    entries.clear()
-                    continue
-                for e in [e for e in entries if e.name in names or e.name == ".git"
-                          or vcs_control(tree.path(join(here, e.name)), e.kind)]:
-                    rel = join(here, e.name)
-                    protected.add(tree.path(rel))
-                    if e.name != ".git" or e.kind != "dir":
-                        _identities(tree, rel, e.kind, folders)
-                    if e.name == ".git" and e.kind == "dir":
-                        gitdirs.add(tree.path(rel))
-                        _keep(tree, rel, backups, budget, folders)
-                        _guarded(_nested_census, tree, rel, linked, backups, budget, folders)
-                    elif e.kind == "file":
-                        _copy(tree, rel, backups, budget)
-                    entries.remove(e)
+                # One folder that cannot be looked into (a name too long) leaves only its
+                # part unrecorded, and the census goes on (review 29).
+                with contextlib.suppress(OSError):
+                    _census_part(tree, here, entries, names, _Found(
+                        gitdirs, linked, protected, backups, budget, folders, gitfiles))
         except OSError:
             # It stopped short (the cap): what it did not see stays new.  Never "judge it by
             # time" instead: review 28 made the census fail on purpose (a path too long
@@ -265,10 +258,97 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
             with contextlib.suppress(OSError):
                 st = os.lstat(path)
                 folders[path] = (st.st_dev, st.st_ino)
+        named, hook_folders = _config_named(tree, gitdirs, linked, gitfiles)
+        for path, kind in named.items():
+            rel = os.path.relpath(path, tree.root)
+            if tree.lstat(rel) is None:
+                continue  # one made during the run is new
+            protected.add(path)
+            _identities(tree, rel, kind, folders)
+            if kind == "file":
+                _copy(tree, rel, backups, budget)
     return Census(((top, owner),), names, frozenset(gitdirs), linked=frozenset(linked),
                   protected=frozenset(protected), backups=backups, folders=folders,
-                  whole=True, blind=unseen,
+                  whole=True, blind=unseen, named=frozenset(named), hook_folders=hook_folders,
                   commands=gitstate.at_launch([(top, owner)], gitdirs | linked))
+
+
+def _config_named(tree: fsops.Tree, gitdirs: set[str], linked: set[str], gitfiles: list[str]
+                  ) -> tuple[dict[str, str], tuple[str, ...]]:
+    """{path: kind} of what the configs of the workspace's repositories and the user's
+    global configs name inside it (as agent mode makes them read-only: the same
+    :func:`repos.config_named`), and the global relative ``core.hooksPath``.  What git
+    would not read, or a link inside the workspace on the way, refuses the run, as in
+    agent mode."""
+    from .locate import Roots, land
+
+    repos = _repos()
+    scope = repos.Scope(Roots([tree]), os.path.expanduser("~"), create=False)
+    inherited, found = repos.global_config(scope)
+    scope = scope._replace(inherited=inherited)
+    pairs = [(g, os.path.dirname(g) if os.path.basename(g) == ".git" else g)
+             for g in sorted(gitdirs)] + [(g, g) for g in sorted(linked)]
+    for rel in gitfiles:  # a worktree or submodule: its git directory's config, there
+        target = repos.gitfile_target(tree, rel)
+        if target is not None:
+            pairs.append((target, os.path.dirname(tree.path(rel))))
+    for gitdir, worktree in pairs:
+        spot = land(os.path.normpath(gitdir), scope.roots, "a git directory")
+        if spot.tree is None or spot.st is None or not stat.S_ISDIR(spot.st.st_mode):
+            continue
+        found += repos.config_named(scope, spot.tree, spot.rel or ".", worktree)
+    top = os.path.normpath(tree.root)
+    named = {f.path: f.kind for f in found if f.action == "protect"
+             and os.path.normpath(f.path) != top}  # (the whole workspace: not a hook folder)
+    return named, repos.hook_folders(inherited)
+
+
+class _Found(NamedTuple):
+    """What :func:`census_of_tree` records, as it goes."""
+
+    gitdirs: set[str]
+    linked: set[str]
+    protected: set[str]
+    backups: dict[str, tuple[bytes, int]]
+    budget: list[int]
+    folders: dict[str, tuple[int, int]]
+    gitfiles: list[str]  # .git files: worktrees' and submodules'
+
+
+def _census_part(tree: fsops.Tree, here: str, entries: list[fsops.Entry],
+                 names: frozenset[str], f: _Found) -> None:
+    """One part of one folder's listing, for the census; prunes ``entries`` to the
+    folders to walk into."""
+    if ".git" in here.split("/"):
+        # Inside a .git folder nothing is recorded: what git keeps there has no protected
+        # name, and what an earlier corral left there unaudited is not the user's (the
+        # audit now walks there too, and takes whatever it finds for new).
+        return
+    if here and (tree.path(here) in f.gitdirs or _holds_git_dir(tree, here)):
+        if tree.path(here) not in f.gitdirs:  # its first part
+            f.gitdirs.add(tree.path(here))
+            _keep(tree, here, f.backups, f.budget, f.folders)
+            _guarded(_nested_census, tree, here, f.linked, f.backups, f.budget, f.folders)
+        # Its submodules' and worktrees' git directories: recorded just above.  The rest
+        # of it is walked like any folder, as the audit walks it (review 29 hid a user's
+        # repository in a folder inside a .git, a link left in its place).
+        entries[:] = [e for e in entries if e.name not in _repos().NESTED]
+    for e in [e for e in entries if e.name in names or e.name == ".git"
+              or vcs_control(tree.path(join(here, e.name)), e.kind)]:
+        rel = join(here, e.name)
+        f.protected.add(tree.path(rel))
+        if e.name != ".git" or e.kind != "dir":
+            _identities(tree, rel, e.kind, f.folders)
+        if e.name == ".git" and e.kind == "dir":
+            f.gitdirs.add(tree.path(rel))
+            _keep(tree, rel, f.backups, f.budget, f.folders)
+            _guarded(_nested_census, tree, rel, f.linked, f.backups, f.budget, f.folders)
+            continue  # walked into: see above
+        if e.kind == "file":
+            _copy(tree, rel, f.backups, f.budget)
+            if e.name == ".git":
+                f.gitfiles.append(rel)
+        entries.remove(e)
 
 
 def _guarded(step: Callable[..., None], *args: object) -> None:
@@ -400,10 +480,49 @@ class Auditor:
         with tree:
             try:
                 for here, entries in self._walk(tree, ""):
-                    self._directory(tree, here, entries)
+                    try:
+                        self._directory(tree, here, entries)
+                    except OSError as e:
+                        # One folder that cannot be examined (a path too long to look up
+                        # inside it) must not end the audit of every folder after it
+                        # (review 29 made one, and plants in the folders walked later
+                        # stayed): it is reported, the walk goes on into it and the rest.
+                        self.actions.append(Action(tree.path(here), "failed", "the audit "
+                                                   f"could not examine it ({e.strerror})"))
             except OSError as e:
                 self.actions.append(Action(tree.path(""), "failed",
                                            f"the audit could not finish ({e.strerror})"))
+            self._named(tree)
+
+    def _named(self, tree: fsops.Tree) -> None:
+        """What the repositories' configs name (:attr:`Census.named`), by its path: as a
+        protected path is, made or changed during the run, a link on the way included."""
+        top = tree.root.rstrip("/") + "/"
+        for path in sorted(self.census.named):
+            if not path.startswith(top) or os.path.basename(path) in self.census.names:
+                continue  # another tree's, or judged by the walk already
+            rel = path[len(top):]
+            try:
+                try:
+                    st = tree.lstat(rel)
+                except OSError:  # a link on the way (none was: the census would refuse)
+                    self._link_on_the_way(tree, rel)
+                    continue
+                if st is not None:
+                    kind = fsops.kind_of(st.st_mode)
+                    self._protected(tree, rel, fsops.Entry(os.path.basename(rel), kind, st))
+            except OSError as e:
+                self.actions.append(Action(path, "failed", "the audit could not examine it "
+                                           f"({e.strerror})"))
+
+    def _link_on_the_way(self, tree: fsops.Tree, rel: str) -> None:
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            st = tree.lstat("/".join(parts[:i]))
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                self._quarantine(tree, "/".join(parts[:i]), "a link made during the run on "
+                                 "the way to what a git config names: git would follow it")
+                return
 
     def _walk(self, tree: fsops.Tree, rel: str) -> Iterator[tuple[str, list[fsops.Entry]]]:
         """Every folder beneath ``rel``: one the payload locked is unlocked (it is the
@@ -415,12 +534,13 @@ class Auditor:
             # A bare repository (the tree's top too, when its HEAD is one git takes): its
             # controls, and then its folders like any other, since a folder that merely
             # looks like a repository must not hide what lies beneath it.
-            self.here = here
+            self.here, self.here_is_git = here, False  # (if the test below fails)
             self.here_is_git = _holds_git_dir(tree, here) and (
                 bool(here) or _repos().valid_head(tree, ""))
             if self.here_is_git:
-                self._gitdir(tree, here or ".", setid=False)  # the walk goes on into it
-        if self.here_is_git:  # its submodules' and worktrees': walked by _gitdir
+                self._gitdir(tree, here or ".")  # the walk goes on into it
+        if self.here_is_git or tree.path(here) in self.gitdirs_done:
+            # its submodules' and worktrees': walked by _gitdir
             entries[:] = [e for e in entries if e.name not in _repos().NESTED]
         self._entries(tree, here, entries)
 
@@ -437,6 +557,9 @@ class Auditor:
                 self._strip(tree, rel)
             if e.name == ".git":
                 self._dot_git(tree, rel, e)
+                if e.kind == "dir":  # and all inside it, like any folder's (review 29: a
+                    keep.append(e)  # repository hidden in a folder inside a .git, a link
+                    # left in its place, was never looked at)
             elif e.name in self.census.names or vcs_control(tree.path(rel), e.kind):
                 self._protected(tree, rel, e)
             elif e.kind == "dir":
@@ -551,17 +674,17 @@ class Auditor:
         want = self.census.folders.get(then + tree.path(rel)[len(now):])
         return st is None or want != (st.st_dev, st.st_ino)
 
-    def _gitdir(self, tree: fsops.Tree, rel: str, setid: bool = True) -> None:
+    def _gitdir(self, tree: fsops.Tree, rel: str) -> None:
+        """A git directory's controls, and its submodules' and worktrees' git directories;
+        every folder inside it is walked by the walk that found it, like any other."""
         if tree.path(rel) in self.gitdirs_done:  # reached twice (a .git inside modules/)
             return
         self.gitdirs_done.add(tree.path(rel))
-        for here, entries in self._walk(tree, rel) if setid else ():
-            for e in entries:  # set-id bits inside git directories too
-                if e.kind == "file" and e.st is not None and e.st.st_mode & SETID \
-                        and self.census.changed(e.st):
-                    self._strip(tree, join(here, e.name))
         path = tree.path(rel)
-        new = (path not in self.census.gitdirs and path not in self.census.linked) or \
+        new = (path not in self.census.gitdirs and path not in self.census.linked and (
+            # beneath a folder the census could not list: by its own change time (the
+            # user's repository in their own locked folder is theirs: review 29)
+            self._strict(path) or self.census.changed(tree.lstat(rel)))) or \
             self.census.swapped(tree, rel)  # a folder renamed into its place: as new
         main = path not in self.census.linked
         hooks_swapped = self.census.swapped(tree, f"{rel}/hooks")

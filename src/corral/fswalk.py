@@ -58,7 +58,10 @@ def walk(tree: Tree, rel: str = "", limit: int = 1 << 20, stats: bool = False,
         except OSError as e:
             if errors is None or e.errno == errno.E2BIG:
                 raise
-            e.filename = e.filename or tree.path(here)
+            # The folder, whatever failed in it (the lstat of one entry names only the
+            # entry: review 29's folder that could be listed but not entered was taken for
+            # the user's own folder of that name at the tree's top).
+            e.filename = tree.path(here)
             errors.append(e)
 
 

@@ -116,7 +116,8 @@ def _to_json(census: Census) -> dict[str, Any]:
             "hook_folders": list(census.hook_folders), "started_ns": census.started_ns,
             "commands": {k: sorted(v) for k, v in census.commands.items()},
             "folders": {k: list(v) for k, v in census.folders.items()},
-            "whole": census.whole, "blind": list(census.blind)}
+            "whole": census.whole, "blind": list(census.blind),
+            "named": sorted(census.named)}
 
 
 def _from_json(data: dict[str, Any]) -> Census:
@@ -134,7 +135,8 @@ def _from_json(data: dict[str, Any]) -> Census:
                   folders={str(k): (int(v[0]), int(v[1]))
                            for k, v in data.get("folders", {}).items()},
                   whole=bool(data.get("whole", False)),
-                  blind=tuple(map(str, data.get("blind", ()))))
+                  blind=tuple(map(str, data.get("blind", ()))),
+                  named=frozenset(map(str, data.get("named", ()))))
 
 
 def _inside(runs: str, writable: Sequence[str]) -> bool:

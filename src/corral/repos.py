@@ -47,9 +47,9 @@ from .guard import SELF_COMMONDIR, Finding
 from .locate import Landing, Roots, land
 from .record import NamedTuple
 
-__all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "gather", "git_findings", "gitfile_target",
-           "global_config", "global_paths", "holds_git_dir", "hook_folders", "is_git_dir",
-           "protect", "valid_head"]
+__all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "config_named", "gather", "git_findings",
+           "gitfile_target", "global_config", "global_paths", "holds_git_dir", "hook_folders",
+           "is_git_dir", "protect", "valid_head"]
 
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
 CREATED = ("hooks", "modules", "worktrees")  # made to exist, so that they can be read-only
@@ -166,10 +166,21 @@ def git_findings(scope: Scope, tree: fsops.Tree, gitdir: str, worktree: str,
             tree.lstat(f"{gitdir}/config.worktree") is None:
         yield from _protect(scope, tree.path(f"{gitdir}/config.worktree"),
                             "git reads it (extensions.worktreeConfig)", "file")
+    yield from config_named(scope, tree, gitdir, worktree, entries)
+
+
+def config_named(scope: Scope, tree: fsops.Tree, gitdir: str, worktree: str,
+                 entries: list[tuple[str, str | None]] | None = None) -> Iterator[Finding]:
+    """What the configs of the git directory ``gitdir`` name in a writable tree: the files
+    they include, the hook folder, the programs git runs (``entries``: its ``config``'s,
+    includes inlined, when already read)."""
+    if entries is None:
+        entries, included = gather(scope, tree.path(f"{gitdir}/config"))
+        yield from included
     worktree_cfg = tree.path(f"{gitdir}/config.worktree")
     if tree.lstat(f"{gitdir}/config.worktree") is not None:
         more, included = gather(scope, worktree_cfg)
-        entries += more
+        entries = [*entries, *more]
         yield from included
     yield from _named(scope, [*scope.inherited, *entries], worktree)
 
