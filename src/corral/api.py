@@ -5,11 +5,9 @@ The CLI is a thin layer over this module; both behave the same way.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
 
 from . import audit, cinit, egress, enforce, fsops, guard, host, pending, resolve, workspace
 from .bwrap import Sandbox
@@ -23,6 +21,8 @@ from .workspace import Change, RunDir
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:  # and imported where used: `corral run` pays for neither (bench/floor.py)
+    from collections.abc import Callable, Sequence
+    from contextlib import ExitStack
     from typing import Any, overload
 
     from . import agent
@@ -377,6 +377,8 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         if policy.network.allow else None
     # The user's trees this sandbox writes, held from before the launch scan to after the
     # audit: no other corral run's sandbox writes in them meanwhile (corral.workspace.held).
+    import contextlib  # ExitStack: agent mode only (corral.small says why)
+
     stack = contextlib.ExitStack()
     try:
         try:
@@ -432,7 +434,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
             early.discard()
 
 
-def _hold(stack: contextlib.ExitStack, runs: str, trees: Sequence[str],
+def _hold(stack: ExitStack, runs: str, trees: Sequence[str],
           reads: Sequence[str]) -> None:
     """An agent's trees held (corral.workspace.held), its runs directory apart from them
     and held like what it reads."""

@@ -34,15 +34,13 @@ it goes through :mod:`corral.fsops`; nothing found is run.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 
-from . import fsops
+from . import fsops, small
 from . import sig as signal
 from .errors import STOPPING
 from .fswalk import join, move, walk
@@ -51,6 +49,8 @@ from .record import NamedTuple, Record, field
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
     from .gitredirect import Budget
     from .livewatch import LiveWatch
 
@@ -147,7 +147,7 @@ class Census(Record):
 HELD = set(STOPPING)
 
 
-@contextlib.contextmanager
+@small.contextmanager
 def signals_held() -> Iterator[None]:
     """Every signal that stops corral (errors.STOPPING) waits while the block runs (this
     thread's mask; corral's other threads block them for good), then is delivered."""
@@ -158,7 +158,7 @@ def signals_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
-@contextlib.contextmanager
+@small.contextmanager
 def audited(census: Census, quarantine: Callable[[], str], actions: list[Action],
             done: Callable[[], None] = lambda: None) -> Iterator[None]:
     """Watch the census' git directories while the block runs, then audit, however the
@@ -170,9 +170,9 @@ def audited(census: Census, quarantine: Callable[[], str], actions: list[Action]
     if watched:  # (a fresh workspace has no git directory: no watch, not even its import)
         from .livewatch import LiveWatch  # it reports with Action, defined here
 
-        watch: LiveWatch | contextlib.nullcontext[None] = LiveWatch(watched)
+        watch: LiveWatch | small.nullcontext = LiveWatch(watched)
     else:
-        watch = contextlib.nullcontext()
+        watch = small.nullcontext()
     try:
         with watch:
             yield
@@ -245,7 +245,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                     entries[:] = [e for e in entries if e.name not in _repos().NESTED]
                 # One folder that cannot be looked into (a name too long) leaves only its
                 # part unrecorded, and the census goes on (review 29).
-                with contextlib.suppress(OSError):
+                with small.suppress(OSError):
                     _census_part(tree, here, entries, names, _Found(
                         gitdirs, linked, protected, backups, budget, folders, gitfiles))
         except OSError:
@@ -255,7 +255,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
             pass
         unseen = tuple(_absolute(tree, e) for e in blind)
         for path in unseen:  # its identity: one put in its place later is seen after all
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 st = os.lstat(path)
                 folders[path] = (st.st_dev, st.st_ino)
         named, hook_folders = _config_named(tree, gitdirs, linked, gitfiles)
@@ -354,7 +354,7 @@ def _census_part(tree: fsops.Tree, here: str, entries: list[fsops.Entry],
 def _guarded(step: Callable[..., None], *args: object) -> None:
     """A census step beneath one git directory: one that fails (a name too long, a folder
     gone) leaves that part unrecorded, and the census goes on with the rest."""
-    with contextlib.suppress(OSError):
+    with small.suppress(OSError):
         step(*args)
 
 
@@ -376,7 +376,7 @@ def _identities(tree: fsops.Tree, rel: str, kind: str,
     folders[tree.path(rel)] = (st.st_dev, st.st_ino)
     if kind != "dir":
         return
-    with contextlib.suppress(OSError):  # an unreadable corner: every file there is new
+    with small.suppress(OSError):  # an unreadable corner: every file there is new
         for here, entries in walk(tree, rel, limit=AUDIT_CAP, stats=True, chunk=CHUNK):
             for e in entries:
                 if e.kind == "dir" and e.st is not None:

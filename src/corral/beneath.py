@@ -6,13 +6,16 @@ and re-exports them; nothing else should call them directly.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import errno
 import os
 import stat
-import threading
-from collections.abc import Iterator
+
+from . import small
+
+TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 __all__ = ["DIR_FLAGS", "PATH_FLAGS", "acting_as", "kind_of", "open_beneath", "open_no_links",
            "read_file", "reason", "split"]
@@ -211,10 +214,10 @@ def _set_fs_ids(uid: int, gid: int) -> None:
         raise OSError(errno.EPERM, f"could not act as uid {uid}, gid {gid}")
 
 
-_ACTING = threading.local()
+_ACTING = small.local()
 
 
-@contextlib.contextmanager
+@small.contextmanager
 def acting_as(owner: tuple[int, int] | None) -> Iterator[None]:
     """Within the block, this thread's file operations are ``owner``'s (uid, gid).
 

@@ -32,12 +32,12 @@ Nothing is ever placed under the workspace (DESIGN fact 7).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from .record import NamedTuple, Record, field
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Iterable, Iterator, Mapping, Sequence
     from typing import Any, Protocol
 
     class FdTable(Protocol):

@@ -22,14 +22,13 @@ Python's subprocess cannot use it).
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import pwd
 import time
-from collections.abc import Callable
 
 from . import sig as signal
+from . import small
 from .errors import HostError
 from .host import Cgroups, HostFacts
 from .limits import (
@@ -56,6 +55,7 @@ V2_CONTROLLERS = ("memory", "pids", "cpu")
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Protocol, TypeVar
 
     class Spawned(Protocol):
@@ -292,13 +292,13 @@ class RunCgroup:
         The CPU cap is lifted first: a killed process dies only once it runs, and under a
         small quota a thousand threads took minutes to."""
         for d in self.payload:
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 if self.version == 1:
                     _write(os.path.join(d, "cpu.cfs_quota_us"), "-1")
                 else:
                     _write(os.path.join(d, "cpu.max"), "max")
         if self.version == 2 and os.path.exists(os.path.join(self.unique[0], "cgroup.kill")):
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 _write(os.path.join(self.unique[0], "cgroup.kill"), "1")
         deadline = time.monotonic() + KILL_WAIT_S
         pause = 0.0005
@@ -399,7 +399,7 @@ def sweep_stale(base: str, now: float | None = None) -> list[str]:
         procs = [_read(os.path.join(d, "cgroup.procs")) for d in here]
         if any(p is None or p.strip() for p in procs):
             continue  # processes in it, or unreadable: not a leftover
-        with contextlib.suppress(OSError):
+        with small.suppress(OSError):
             for d in here:
                 os.rmdir(d)
             gone.append(name)
@@ -479,11 +479,11 @@ def _delegate(base: str, uid: int, gid: int) -> None:
 
 
 def _undelegate(base: str) -> None:
-    with contextlib.suppress(OSError):  # run cgroups a crashed run left behind, if empty
+    with small.suppress(OSError):  # run cgroups a crashed run left behind, if empty
         for entry in os.scandir(base):
             if entry.is_dir(follow_symlinks=False):
                 for child in (PAYLOAD, INIT):  # (a --cpus run's: see limits.PAYLOAD)
-                    with contextlib.suppress(FileNotFoundError):
+                    with small.suppress(FileNotFoundError):
                         os.rmdir(os.path.join(entry.path, child))
                 os.rmdir(entry.path)
     try:

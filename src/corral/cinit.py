@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping, Sequence
 
 from .errors import HostError, UsageError
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
     from typing import Any
 
 __all__ = ["BINARY", "available", "choice", "describe", "encode", "join_prefix"]

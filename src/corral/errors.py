@@ -15,10 +15,10 @@ prints or exits; the CLI maps this whole tree to exit status 125 in one place.
 
 from __future__ import annotations
 
-import functools
 import os
 
 from . import sig as signal
+from . import small
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ def _kernel_ignores(signum: int) -> bool:
     return False
 
 
-@functools.cache
+@small.cache
 def pattern(text: str) -> Pattern[str]:
     """``re.compile(text)``, made at its first use: importing re (with enum) and compiling
     at import time cost every ``corral run`` a few ms for patterns most runs never use."""

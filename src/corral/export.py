@@ -32,10 +32,10 @@ says so, and the caller keeps the image.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 
+from . import small
 from .fsops import acting_as, open_beneath
 from .record import NamedTuple
 
@@ -200,7 +200,7 @@ def export(src_root: int, dest: str, owner: tuple[int, int], max_bytes: int) -> 
     except OSError as e:
         why = f"{e.filename or ''} {e.strerror or e}".strip()
     finally:
-        with contextlib.suppress(OSError):
+        with small.suppress(OSError):
             os.close(dest_fd)
     if job is None:
         return Exported(0, 0, 0, False, why)

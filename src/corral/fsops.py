@@ -28,12 +28,12 @@ Nothing found beneath a tree is ever executed or trusted to name what gets mount
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
-from collections.abc import Iterator
 from types import TracebackType
+
+from . import small
 
 # The openat2 walk and the owner's identity, which every Tree operation rests on.
 from .beneath import (
@@ -49,6 +49,10 @@ from .beneath import (
     split,
 )
 from .record import NamedTuple
+
+TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 __all__ = ["HOST_FILE_CAP", "Entry", "Tree", "acting_as", "kind_of", "open_beneath",
            "open_host_file", "open_no_links", "read_file", "reason", "remove_tree", "split"]
@@ -174,7 +178,7 @@ class Tree:
         parent, name = self.parent(rel)
         try:
             with acting_as(self.owner):
-                with contextlib.suppress(FileExistsError):
+                with small.suppress(FileExistsError):
                     os.mkdir(name, mode, dir_fd=parent)
                 fd = open_beneath(parent, name, os.O_PATH | os.O_DIRECTORY)
         except NotADirectoryError:
@@ -406,7 +410,7 @@ def remove_tree(path: str) -> None:
     parent, name = os.path.split(os.path.abspath(path))
     pfd = os.open(parent, DIR_FLAGS)
     try:
-        with contextlib.suppress(FileNotFoundError):
+        with small.suppress(FileNotFoundError):
             _remove_entry(pfd, name)
     finally:
         os.close(pfd)
@@ -420,7 +424,7 @@ def _remove_entry(parent: int, name: str) -> None:
         _empty(top)
     finally:
         os.close(top)
-    with contextlib.suppress(OSError):
+    with small.suppress(OSError):
         os.rmdir(name, dir_fd=parent)
 
 
@@ -437,7 +441,7 @@ def _open_dir(parent: int, name: str) -> int:
         fd = os.open(name, DIR_FLAGS, dir_fd=parent)
     st = os.fstat(fd)
     if st.st_mode & 0o700 != 0o700 and os.geteuid() != 0:
-        with contextlib.suppress(OSError):
+        with small.suppress(OSError):
             os.fchmod(fd, 0o700)
     return fd
 
@@ -454,14 +458,14 @@ def _empty(top: int) -> None:
                 stack.pop()
                 if stack:  # an emptied subdirectory: close it, remove it from its parent
                     os.close(fd)
-                    with contextlib.suppress(OSError):
+                    with small.suppress(OSError):
                         os.rmdir(here, dir_fd=stack[-1][0])
                 continue
             if _unlinked(fd, name):
                 continue
             if len(stack) >= REMOVE_DEPTH:
                 fresh = f".corral-deep-{os.urandom(6).hex()}"
-                with contextlib.suppress(OSError):
+                with small.suppress(OSError):
                     os.rename(name, fresh, src_dir_fd=fd, dst_dir_fd=top)
                     stack[0] = (top, _chain([fresh], stack[0][1]), "")
                 continue
@@ -472,7 +476,7 @@ def _empty(top: int) -> None:
             stack.append((sub, iter(os.listdir(sub)), name))
     finally:
         for fd, _, _ in stack[1:]:
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 os.close(fd)
 
 

@@ -5,17 +5,17 @@ never following a link, never blocking, acting as the tree's owner when root.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import itertools
 import os
 import stat
-from collections.abc import Callable, Iterator
 
+from . import small
 from .fsops import Entry, Tree, kind_of
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
     from typing import TypeVar
 
     T = TypeVar("T")
@@ -150,7 +150,7 @@ def move(tree: Tree, rel: str, dest: Tree, dest_rel: str) -> None:
     try:
         _copy(tree, rel, dest, dest_rel, [COPY_CAP])
     except OSError:
-        with contextlib.suppress(OSError):
+        with small.suppress(OSError):
             remove(dest, dest_rel)
         raise
     remove(tree, rel)

@@ -12,9 +12,9 @@ What must stay read-only or hidden *inside* writable trees is found by
 
 from __future__ import annotations
 
-import contextlib
 import os
 
+from . import small
 from .errors import UsageError
 from .host import HostFacts
 from .policy import check_path
@@ -146,7 +146,7 @@ def _homes(home: str | None) -> set[str]:
     import pwd
 
     homes = {home or os.path.expanduser("~"), os.environ.get("HOME", "")}
-    with contextlib.suppress(KeyError):
+    with small.suppress(KeyError):
         homes.add(pwd.getpwuid(os.getuid()).pw_dir)
     return {os.path.realpath(h) for h in homes if h}
 

@@ -6,10 +6,10 @@ else takes a :class:`HostFacts` and stays pure.
 
 from __future__ import annotations
 
-import functools
 import os
 import stat
 
+from . import small
 from .errors import HostError
 from .record import NamedTuple
 
@@ -244,7 +244,7 @@ def find_bwrap() -> str | None:
     return system_program("bwrap")
 
 
-@functools.cache
+@small.cache
 def detect() -> HostFacts:
     """Probe the host once; later calls return the same facts."""
     bwrap = os.environ.get("CORRAL_BWRAP") or find_bwrap()

@@ -18,16 +18,14 @@ Descriptors handed over:
 
 from __future__ import annotations
 
-import contextlib
 import marshal
 import os
 import select
 import stat
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
 
-from . import bwrap, cinit, fsops, jsonio
+from . import bwrap, cinit, fsops, jsonio, small
 from . import sig as signal
 from .bwrap import Data, HostFile, PathHandle, Sandbox
 from .errors import HostError, LaunchError
@@ -35,6 +33,7 @@ from .record import Record, field
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
     from typing import Any
 
     from .cgroups import RunCgroup
@@ -114,7 +113,7 @@ class Handles:
 
     def close(self) -> None:
         for fd in self._by_key.values():
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 os.close(fd)
         self._by_key.clear()
 
@@ -698,14 +697,14 @@ class Launch:
     def _kill_pid1(self) -> None:
         """SIGKILL the sandbox's PID 1, which ends its whole PID namespace."""
         if self.pid1_fd is not None:
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 signal.pidfd_send_signal(self.pid1_fd, signal.SIGKILL)
 
     def kill(self) -> None:
         """SIGKILL the sandbox's PID 1, which ends its whole PID namespace; then bwrap."""
         self._kill_pid1()
         if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 self.proc.kill()
 
     def _finish(self, err: bytes) -> None:
@@ -739,20 +738,20 @@ class Launch:
         """Kill whatever is left, reap bwrap, close every descriptor."""
         if self.proc is not None and self.proc.poll() is None:
             self.kill()
-            with contextlib.suppress(TimeoutError):
+            with small.suppress(TimeoutError):
                 self.proc.wait(KILL_GRACE_S)
         else:  # bwrap gone first (the OOM killer?): its sandbox too
             self._kill_pid1()
         self.handles.close()
         for fd in self.fds:
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
         if self.terminal is not None:
             self.terminal.close()
 
 
-@contextlib.contextmanager
+@small.contextmanager
 def launched(sb: Sandbox, **kwargs: Any) -> Iterator[Launch]:
     run = Launch(sb, **kwargs)
     try:

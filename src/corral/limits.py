@@ -28,11 +28,14 @@ gives one to every user session: ``systemd-run --user --scope``).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from .errors import HostError
 from .policy import CORRAL_PIDS, Limits
 from .record import NamedTuple
+
+TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["Access", "Plan", "Usage", "describe", "doctor_rows", "plan", "requested", "usage",
            "verdict"]

@@ -29,11 +29,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import functools
 import os
 import struct
 import time
-from collections.abc import Callable
+
+from . import small
+
+TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["ChildMounts", "attach_loop", "can_mount_devpts", "fs_context", "mount_fs"]
 
@@ -51,7 +55,7 @@ LOOP_INFO64_SIZE, LOOP_INFO64_FLAGS = 232, 52  # struct loop_info64: size, lo_fl
 LOOP_TRIES = 20  # another launcher may take the free device between asking and binding
 
 
-@functools.cache
+@small.cache
 def _libc() -> ctypes.CDLL:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long

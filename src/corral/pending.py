@@ -22,19 +22,18 @@ moved the key where the next sandbox read it.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import stat
-from collections.abc import Sequence
 
-from . import guard, jsonio
+from . import guard, jsonio, small
 from .audit import Action, Auditor, Census
 from .errors import UsageError
 from .workspace import is_run_id
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 __all__ = ["owe", "recover", "settle"]
@@ -65,7 +64,7 @@ def _key(create: bool) -> bytes | None:
         except FileNotFoundError:
             if not create:
                 return None
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 os.makedirs(os.path.dirname(path), 0o700, exist_ok=True)
                 new = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                               | os.O_CLOEXEC, 0o600)
@@ -171,7 +170,7 @@ def owe(runs_dir: str, run_id: str, census: Census, root: str | None,
 def settle(path: str | None) -> None:
     """The run was audited: it owes nothing any more."""
     if path is not None:
-        with contextlib.suppress(FileNotFoundError):
+        with small.suppress(FileNotFoundError):
             os.unlink(path)
 
 

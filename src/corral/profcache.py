@@ -14,11 +14,10 @@ different.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 
-from . import jsonio
+from . import jsonio, small
 from .seccache import read_trusted, write_json
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
@@ -35,7 +34,7 @@ def _path() -> str:
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), CACHE_NAME)
 
 
-@functools.cache
+@small.cache
 def _texts(path: str) -> dict[str, Any]:
     raw = read_trusted(path)
     try:

@@ -26,7 +26,6 @@ Schema (every key optional)::
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
 
 from .errors import ProfileError, UsageError
 from .policy import Allow, Limits, Network, Policy, State, parse_duration, parse_size
@@ -34,6 +33,7 @@ from .record import replace
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
 __all__ = ["builtin_profiles", "load_profile", "policy_from_mapping",

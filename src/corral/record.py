@@ -19,13 +19,12 @@ dataclasses (``dataclass_transform``), so their constructors stay checked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 # typing itself costs ~3 ms of every start (callgrind: ~11.5 M instructions for the CLI):
 # corral's run path imports it only for mypy, which takes TYPE_CHECKING as true
 # (pyproject.toml's always_true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, ClassVar, TypeVar, dataclass_transform
 
     T = TypeVar("T")
@@ -214,7 +213,9 @@ else:
 
     def _tuple_class(name: str, names: tuple[str, ...], defaults: tuple[Any, ...],
                      module: str) -> type:
-        from collections import _tuplegetter  # type: ignore[attr-defined]
+        # The C item getter, from where collections itself takes it: importing the
+        # collections package costs ~9 M instructions (corral.small says why that matters).
+        from _collections import _tuplegetter  # type: ignore[import-not-found]
 
         first_default = len(names) - len(defaults)
         index = {n: i for i, n in enumerate(names)}

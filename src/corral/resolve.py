@@ -7,13 +7,11 @@ builder can stay pure.  Nothing here starts a process (see :mod:`corral.interp`)
 
 from __future__ import annotations
 
-import functools
 import os
 import pwd
 import stat
-from collections.abc import Iterator, Mapping, Sequence
 
-from . import cinit, fsops, interp, seccomp
+from . import cinit, fsops, interp, seccomp, small
 from .bwrap import DEV_SEAL, ROOT_SEAL, Mount, Sandbox, run_mounts
 from .errors import HostError, UsageError
 from .host import HostFacts
@@ -24,6 +22,7 @@ from .record import NamedTuple
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping, Sequence
     from typing import Any
 
 __all__ = ["Command", "resolve_command", "resolve_run"]
@@ -92,7 +91,7 @@ def resolve_command(argv: Sequence[str], visible: Sequence[str], search: str,
     return Command((found, *argv[1:]), tuple(prefixes))
 
 
-@functools.cache  # like host.detect(): the host's layout is read once per process
+@small.cache  # like host.detect(): the host's layout is read once per process
 def _usr_links() -> tuple[tuple[str, str], ...]:
     links = []
     for name in USR_MERGE:
@@ -102,7 +101,7 @@ def _usr_links() -> tuple[tuple[str, str], ...]:
     return tuple(links)
 
 
-@functools.cache
+@small.cache
 def _system_mounts() -> tuple[Mount, ...]:
     return tuple(_find_system_mounts())
 
@@ -223,7 +222,7 @@ def check_host(policy: Policy, host: HostFacts) -> bool:
                     "--allow nested-userns")
 
 
-@functools.cache  # the installed package does not change under a running process
+@small.cache  # the installed package does not change under a running process
 def init_source() -> bytes:
     with open(os.path.join(os.path.dirname(__file__), "inner.py"), "rb") as f:
         return f.read()
@@ -239,7 +238,7 @@ def init_shielded(config: Mapping[str, Any], host: HostFacts) -> bool:
     """Whether the payload cannot signal (stop, kill) its init: the init applies Landlock's
     signal scope only at ABI 6 and up (inner.py, init.c), and only with Landlock on."""
     landlock = config.get("landlock")
-    if not isinstance(landlock, Mapping):  # none: the init applies no Landlock at all
+    if not isinstance(landlock, dict):  # none: the init applies no Landlock at all
         return False
     return bool(landlock.get("scope", True)) and host.landlock_abi >= 6
 

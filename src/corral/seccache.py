@@ -20,12 +20,11 @@ as before: the cache can make a start slower, never different.
 
 from __future__ import annotations
 
-import functools
 import os
 import stat
 import sys
 
-from . import jsonio
+from . import jsonio, small
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
@@ -99,7 +98,7 @@ def read_trusted(path: str) -> bytes | None:
         os.close(fd)
 
 
-@functools.cache
+@small.cache
 def load(key_hex: str | None, path: str | None = None) -> Programs | None:
     """The cached programs (the payload's always present) if the file matches
     ``key_hex`` in every respect, else None."""

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import os
 
+from . import small
 from .errors import HostError
 from .record import NamedTuple
 
@@ -116,7 +116,7 @@ def _unavailable(what: str) -> HostError:
                      "sudo dnf install libseccomp), or pass --allow no-seccomp")
 
 
-@functools.cache
+@small.cache
 def _library() -> ctypes.CDLL:
     try:
         lib = ctypes.CDLL(LIBRARY)
@@ -194,7 +194,7 @@ def _target(lib: ctypes.CDLL, arch: int | None) -> int:
     return target
 
 
-@functools.cache
+@small.cache
 def compile_filter(default: int, rules: tuple[Rule, ...], arch: int | None = None) -> bytes:
     """The BPF program taking ``default`` for every call no rule matches (cached).
 
@@ -226,7 +226,7 @@ def compile_filter(default: int, rules: tuple[Rule, ...], arch: int | None = Non
         lib.seccomp_release(ctx)
 
 
-@functools.cache
+@small.cache
 def programs(unix_sockets: bool) -> Programs:
     """The programs for a policy that does (or does not) let the payload create unix sockets.
 

@@ -12,9 +12,12 @@ the limit by what it writes between two checks.  Checks are every 25 ms, or
 about 5% of one core at most), up to 5 s apart.  RLIMIT_FSIZE (set to at
 most the disk limit by the init) stops any single file at the limit.
 
-Disk checks run in a thread of their own, so a slow measurement never delays
+Disk measurements run in a thread of their own, so a slow one never delays
 the supervision loop (the timeout, the output cap); the thread wakes the loop
-through :meth:`Watch.fileno` when the run must end.  What the record says
+through :meth:`Watch.fileno` when the run must end.  An image's ``statvfs``
+takes microseconds: the loop makes it itself (:meth:`due`, :meth:`check`), and
+a run with an image starts no thread (nor imports ``threading``: corral.small
+says why that matters).  What the record says
 about use is a lower bound whenever a measurement stopped early.
 
 CPU time.  RLIMIT_CPU is per process and a forking payload defeats it
@@ -25,16 +28,17 @@ run once it is over ``cpu_s`` (status ``timeout``).
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
 import time
-from collections.abc import Callable
 
+from . import small
 from .errors import UsageError, start_thread
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from threading import Event, Thread
+
     from .diskimage import Image
 
 __all__ = ["Watch"]
@@ -43,10 +47,6 @@ MIN_INTERVAL_S = 0.025
 MAX_INTERVAL_S = 5.0
 COST_FACTOR = 20  # next check after this many times the last measurement's duration
 CPU_INTERVAL_S = 0.1
-
-
-class _Never(Exception):
-    """What the disk thread catches where no walk can stop it (the image's statvfs)."""
 
 
 class Watch:
@@ -71,8 +71,9 @@ class Watch:
         self.limit_hit: str | None = None  # "disk" or "cpu"
         self.note = ""
         self.next_cpu = 0.0
-        self.stopping = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.next_disk: float | None = None  # the image's next look, made by the loop
+        self.stopping: Event | None = None  # with the disk thread (threading: then only)
+        self.thread: Thread | None = None
         self.wake_r = self.wake_w = -1
 
     # -- the loop's side -----------------------------------------------------------
@@ -82,7 +83,13 @@ class Watch:
         start the disk thread."""
         if self.disk_bytes is not None:
             self.baseline = self._baseline()
+        if self.disk_bytes is not None and self.image is not None:
+            self.next_disk = time.monotonic() + MIN_INTERVAL_S
+        elif self.disk_bytes is not None:
             self.wake_r, self.wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            import threading  # (corral.small says why not at the top)
+
+            self.stopping = threading.Event()
             self.thread = start_thread(self._disk_loop, "corral-disk-watch")
         self.next_cpu = time.monotonic() + MIN_INTERVAL_S
 
@@ -91,11 +98,18 @@ class Watch:
         return self.wake_r if self.thread is not None else None
 
     def due(self) -> float | None:
-        return self.next_cpu if self.cpu_s is not None else None
+        times = [t for t in (self.next_cpu if self.cpu_s is not None else None,
+                             self.next_disk) if t is not None]
+        return min(times) if times else None
 
     def check(self) -> str | None:
-        """The status to end the run with for CPU time, or None while within the limit."""
+        """The status to end the run with for the image's use or CPU time, or None while
+        within the limits."""
         now = time.monotonic()
+        if self.next_disk is not None and now >= self.next_disk:
+            self.next_disk = now + MIN_INTERVAL_S
+            if self._image_over():
+                return "disk-limit"
         if self.cpu_s is None or now < self.next_cpu:
             return None
         self.next_cpu = now + CPU_INTERVAL_S
@@ -111,12 +125,14 @@ class Watch:
 
     def stop(self) -> None:
         """End the disk thread (promptly: a measurement looks at the flag as it goes)."""
-        self.stopping.set()
+        self.next_disk = None
+        if self.stopping is not None:
+            self.stopping.set()
         if self.thread is not None:
             self.thread.join()
         for fd in (self.wake_r, self.wake_w):
             if fd >= 0:
-                with contextlib.suppress(OSError):
+                with small.suppress(OSError):
                     os.close(fd)
         self.wake_r = self.wake_w = -1
 
@@ -161,25 +177,23 @@ class Watch:
     def _disk_loop(self) -> None:
         # The next check waits on the smaller of the last two costs: one slow walk (cold
         # caches, a busy neighbour) must not stretch the interval, and the overshoot with it.
+        from .diskuse import Stopped  # (a run with an image has no thread: see start)
+
+        assert self.stopping is not None
         costs = (0.0, 0.0)
-        stopped: type[Exception] = _Never
-        if self.image is None:
-            from .diskuse import Stopped as stopped
         while not self.stopping.wait(self._interval(min(costs))):
             started = time.monotonic()
             try:
                 over = self._over_disk(final=False)
-            except stopped:
+            except Stopped:
                 return
             costs = (costs[1], time.monotonic() - started)
             if over:
-                with contextlib.suppress(OSError):
+                with small.suppress(OSError):
                     os.write(self.wake_w, b"!")
                 return
 
     def _interval(self, cost: float) -> float:
-        if self.image is not None:
-            return MIN_INTERVAL_S
         return min(max(MIN_INTERVAL_S, COST_FACTOR * cost), MAX_INTERVAL_S)
 
     def _over_disk(self, final: bool) -> bool:

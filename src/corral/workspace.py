@@ -12,14 +12,12 @@ opening, and caps how much it reads, hashes and lists.
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import stat
 import time
-from collections.abc import Callable, Iterator, Sequence
 
-from . import fsops, jsonio
+from . import fsops, jsonio, small
 from .errors import UsageError
 from .fswalk import remove
 from .policy import check_path
@@ -27,6 +25,7 @@ from .record import NamedTuple
 
 TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says why)
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
     from typing import Any
 
 __all__ = ["Change", "RunDir", "collect", "default_runs_dir", "prepare", "quarantine",
@@ -125,7 +124,7 @@ def input_bytes(inputs: Sequence[str]) -> int:
 MAX_LINKS = 40  # as the kernel: past it, ELOOP
 
 
-@contextlib.contextmanager
+@small.contextmanager
 def claimed(run_root: str) -> Iterator[None]:
     """A run's own new folder (``RUNS/<id>``, its fresh workspace inside), held exclusively
     while the run lives: a launch reading through it (an ``--input`` by a path that leads
@@ -140,7 +139,7 @@ def claimed(run_root: str) -> Iterator[None]:
         os.close(fd)
 
 
-@contextlib.contextmanager
+@small.contextmanager
 def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]:
     """The host trees one run's sandbox will write, held against every other corral run
     whose sandbox could write any part of them, from its census to its audit; yields
@@ -180,7 +179,7 @@ def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]
             _lock(fd, fcntl.LOCK_EX, tree, f"{tree} is in use by another corral run (in it, "
                   "or in a folder inside it)")
             st = os.fstat(fd)
-            with contextlib.suppress(OSError):
+            with small.suppress(OSError):
                 now = os.stat(given)
                 if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
                     own.add((st.st_dev, st.st_ino))
@@ -385,7 +384,7 @@ def copy_in(tree: fsops.Tree, src: str) -> None:
         _copy(src, tree, tmp)
         tree.rename(tmp, tree, name)
     except (OSError, UsageError) as e:
-        with contextlib.suppress(OSError):
+        with small.suppress(OSError):
             remove(tree, tmp)
         if isinstance(e, UsageError):
             raise
@@ -539,7 +538,7 @@ def snapshot(root: str) -> dict[str, Stamp]:
             for path, st, _ in Walk(root)}
 
 
-@contextlib.contextmanager
+@small.contextmanager
 def _regular(dir_fd: int, name: str) -> Iterator[tuple[int, os.stat_result] | None]:
     """An entry of an untrusted tree, opened without following a link or blocking on a
     FIFO: (descriptor, fstat) when it is a regular file, None otherwise."""
