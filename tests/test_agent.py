@@ -9,6 +9,7 @@ protection runs beside its negative control: the seed's naive bwrap sandbox
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import uuid
@@ -379,9 +380,15 @@ def test_corrals_own_threads_leave_every_signal_to_the_main_thread(
 
     _runs_as(who, lab)
     script = ["--", "/bin/sh", "-c", "echo ready; sleep 60"]
-    # run: a disk limit (its watch thread); agent, in the lab's git project: the live watch
-    # of its git directories.
-    args = ["run", "--disk", "64M", *script] if mode == "run" else ["agent", *script]
+    # run: a reused workspace's disk limit (its watch thread: a fresh workspace started by
+    # root is an image, whose use the supervision loop reads itself); agent, in the lab's
+    # git project: the live watch of its git directories.
+    ws = who.tmp / "ws"
+    ws.mkdir()
+    if who.is_root:
+        os.chown(ws, 65534, 65534)
+    args = ["run", "--disk", "64M", "--workspace", str(ws), *script] if mode == "run" \
+        else ["agent", *script]
     masks = _thread_masks(who, args, lab.project)
     main = masks.pop(str(next(iter(sorted(masks, key=int)))))
     assert masks, "no thread of corral's own was running"
