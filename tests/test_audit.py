@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
-from conftest import Identity
+from conftest import Identity, _ensure_user
 
 PRELUDE = """
 import json, os, subprocess, sys, time
@@ -1159,3 +1160,108 @@ def test_a_folder_listed_but_not_entered_is_named_and_a_locked_repository_stays(
     (top / "vendor").chmod(0o755)
     assert r["blind"] == ([] if who.is_root else ["private", "vendor"]), r
     assert r["kept"] == [True, True] and r["did"] == [], r
+
+
+def test_a_worktrees_common_config_and_the_global_configs_name_what_is_audited(
+        who: Identity) -> None:
+    """Review 30: git reads a linked worktree's common config (``commondir``) and resolves
+    its ``core.hooksPath`` and ``core.fsmonitor = ./x`` against that worktree; the census
+    read only the worktree git directory's own (absent) config, and skipped one outside
+    the workspace (one worktree per agent); and the user's global config naming a hooks
+    folder in a workspace that holds no repository (a dotfiles folder) was never read for
+    it.  The payload rewrote each, and host git ran them.  Controls: before the audit
+    host git runs every plant."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top = os.path.join(base, "ws"); os.mkdir(top)
+        q = os.path.join(base, "quarantine"); os.mkdir(q)
+        marks = os.path.join(base, "marks"); os.mkdir(marks)
+        glob = os.path.join(base, "global.gitconfig")
+        def at(rel):
+            return os.path.join(top, rel)
+        def write(path, text, mode=0o755):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, mode)
+        ok = "#!/bin/sh\\nexit 0\\n"
+        # In the workspace, repo with its worktree wt; outside it, far with its worktree
+        # ws/farwt; the user's global config names ws/dots/hooks.
+        git(top, "init", "-q", "repo")
+        git(base, "init", "-q", "far")
+        git(base, "init", "-q", "other")  # another of the user's: hooks from the global
+        for repo in (at("repo"), os.path.join(base, "far")):
+            git(repo, "config", "core.hooksPath", "scripts/git-hooks")
+            git(repo, "config", "core.fsmonitor", "./tools/fsmon.sh")
+            git(repo, "-c", "user.name=t", "-c", "user.email=t@x", "commit", "-q",
+                "--allow-empty", "-m", "init")
+        git(at("repo"), "worktree", "add", "-q", at("wt"))
+        git(os.path.join(base, "far"), "worktree", "add", "-q", at("farwt"))
+        for wt in ("repo", "wt", "farwt"):
+            write(at(wt + "/scripts/git-hooks/pre-commit"), ok)
+            write(at(wt + "/tools/fsmon.sh"), "#!/bin/sh\\nexit 1\\n")
+        write(glob, f"[core]\\n\\thooksPath = {{at('dots/hooks')}}\\n", 0o644)
+        write(at("dots/hooks/pre-commit"), ok)
+        os.environ["GIT_CONFIG_GLOBAL"] = glob  # read by the census, as by host git
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        for wt in ("wt", "farwt"):
+            write(at(wt + "/scripts/git-hooks/pre-commit"),
+                  f"#!/bin/sh\\ntouch {{marks}}/{{wt}}-hook\\n")
+            write(at(wt + "/tools/fsmon.sh"),
+                  f"#!/bin/sh\\ntouch {{marks}}/{{wt}}-fsmon\\nexit 1\\n")
+        write(at("dots/hooks/pre-commit"), f"#!/bin/sh\\ntouch {{marks}}/global-hook\\n")
+        def host_git():
+            for wt in ("wt", "farwt", "repo", "../other"):
+                for args in (["status"], ["commit", "-q", "--allow-empty", "-m", "x"]):
+                    subprocess.run(["git", "-c", "safe.directory=*", "-c", "user.name=t",
+                                    "-c", "user.email=t@x", *args], cwd=at(wt),
+                                   capture_output=True)
+            ran = sorted(os.listdir(marks))
+            for m in ran:
+                os.unlink(os.path.join(marks, m))
+            return ran
+        before = host_git()
+        actions = audit.Auditor(census, lambda: q).run()
+        after = host_git()
+        print(json.dumps({{"before": before, "after": after,
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions if a.did == "quarantined")}}))
+    """)
+    assert r["before"] == ["farwt-fsmon", "farwt-hook", "global-hook", "wt-fsmon",
+                           "wt-hook"], r  # the control: host git obeys every plant
+    assert r["after"] == [], r
+    assert r["did"] == [["dots/hooks/pre-commit", "quarantined"],
+                        ["farwt/scripts/git-hooks/pre-commit", "quarantined"],
+                        ["farwt/tools/fsmon.sh", "quarantined"],
+                        ["wt/scripts/git-hooks/pre-commit", "quarantined"],
+                        ["wt/tools/fsmon.sh", "quarantined"]], r
+
+
+def test_started_by_root_for_a_user_the_census_reads_that_users_global_config(
+        root: Identity) -> None:
+    """Review 30: started by root for a user (``--user``, ``sudo``), the census read
+    root's global git config only, so what the user's own ``~/.gitconfig`` names in the
+    workspace (their dotfiles' hooks) went unaudited.  It reads both now.  Control: the
+    census without the owner does not name it."""
+    user = _ensure_user()
+    top = root.tmp / "dots"
+    (top / "hooks").mkdir(parents=True)
+    (top / "hooks" / "pre-commit").write_text("#!/bin/sh\n")
+    os.chown(top, user.pw_uid, user.pw_gid)
+    config = Path(user.pw_dir) / ".gitconfig"
+    assert not config.exists()
+    config.write_text(f"[core]\n\thooksPath = {top}/hooks\n")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import json; from corral import audit; "
+             "names = audit.protected_names(); "
+             f"print(json.dumps([sorted(audit.census_of_tree({str(top)!r}, o, names).named) "
+             f"for o in ({(user.pw_uid, user.pw_gid)!r}, None)]))"],
+            capture_output=True, text=True, timeout=120, check=True,
+            env=dict(os.environ, HOME="/root", GIT_CONFIG_GLOBAL=""))
+    finally:
+        config.unlink()
+    with_owner, without = json.loads(out.stdout)
+    assert with_owner == [f"{top}/hooks"], out
+    assert without == [], out  # the control: root's own config names nothing there

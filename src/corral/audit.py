@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pwd
 import stat
 import time
 from types import ModuleType
@@ -258,7 +259,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
             with small.suppress(OSError):
                 st = os.lstat(path)
                 folders[path] = (st.st_dev, st.st_ino)
-        named, hook_folders = _config_named(tree, gitdirs, linked, gitfiles)
+        named, hook_folders = _config_named(tree, owner, gitdirs, linked, gitfiles)
         for path, kind in named.items():
             rel = os.path.relpath(path, tree.root)
             if tree.lstat(rel) is None:
@@ -273,34 +274,45 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                   commands=gitstate.at_launch([(top, owner)], gitdirs | linked))
 
 
-def _config_named(tree: fsops.Tree, gitdirs: set[str], linked: set[str], gitfiles: list[str]
+def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[str],
+                  linked: set[str], gitfiles: list[str]
                   ) -> tuple[dict[str, str], tuple[str, ...]]:
-    """{path: kind} of what the configs of the workspace's repositories and the user's
-    global configs name inside it (as agent mode makes them read-only: the same
-    :func:`repos.config_named`), and the global relative ``core.hooksPath``.  What git
-    would not read, or a link inside the workspace on the way, refuses the run, as in
-    agent mode."""
-    from .locate import Roots, land
+    """{path: kind} of what the workspace's repositories' configs and the user's global
+    configs name inside it, as agent mode makes them read-only (the same
+    :func:`repos.config_named` and :func:`repos.global_named`), and the global relative
+    ``core.hooksPath``.  The global configs are both the launcher's and, started by root
+    for a user, that user's (review 30: root read only its own, and the user's dotfiles
+    hooks went unaudited).  What git would not read, or a link inside the workspace on the
+    way, refuses the run, as in agent mode."""
+    from .locate import Roots
 
     repos = _repos()
-    scope = repos.Scope(Roots([tree]), os.path.expanduser("~"), create=False)
-    inherited, found = repos.global_config(scope)
-    scope = scope._replace(inherited=inherited)
+    homes = [os.path.expanduser("~")]
+    if owner is not None:
+        with small.suppress(KeyError):
+            homes.append(pwd.getpwuid(owner[0]).pw_dir)
+    # Each git directory with the work tree its relative paths are resolved against.
     pairs = [(g, os.path.dirname(g) if os.path.basename(g) == ".git" else g)
              for g in sorted(gitdirs)] + [(g, g) for g in sorted(linked)]
-    for rel in gitfiles:  # a worktree or submodule: its git directory's config, there
-        target = repos.gitfile_target(tree, rel)
+    for rel in gitfiles:  # a worktree or submodule: its git directory (and the common
+        target = repos.gitfile_target(tree, rel)  # one's config), wherever it is
         if target is not None:
-            pairs.append((target, os.path.dirname(tree.path(rel))))
-    for gitdir, worktree in pairs:
-        spot = land(os.path.normpath(gitdir), scope.roots, "a git directory")
-        if spot.tree is None or spot.st is None or not stat.S_ISDIR(spot.st.st_mode):
-            continue
-        found += repos.config_named(scope, spot.tree, spot.rel or ".", worktree)
+            pairs.append((os.path.normpath(target), os.path.dirname(tree.path(rel))))
+    found: list[Finding] = []
+    hook_folders: list[str] = []
+    for home in dict.fromkeys(homes):
+        scope = repos.Scope(Roots([tree]), home, create=False)
+        inherited, more = repos.global_config(scope)
+        scope = scope._replace(inherited=inherited)
+        found += more
+        found += repos.global_named(scope)
+        for gitdir, worktree in pairs:
+            found += repos.config_named(scope, gitdir, worktree)
+        hook_folders += repos.hook_folders(inherited)
     top = os.path.normpath(tree.root)
     named = {f.path: f.kind for f in found if f.action == "protect"
              and os.path.normpath(f.path) != top}  # (the whole workspace: not a hook folder)
-    return named, repos.hook_folders(inherited)
+    return named, tuple(dict.fromkeys(hook_folders))
 
 
 class _Found(NamedTuple):

@@ -195,6 +195,11 @@ def _dot_git(tree: fsops.Tree, scope: repos.Scope, rel: str, kind: str) -> Itera
     if target is None:
         return
     spot = land(target, scope.roots, "the git directory a .git file names")
+    if spot.tree is None and spot.st is not None and stat.S_ISDIR(spot.st.st_mode):
+        # Outside the writable trees (a worktree of a repository elsewhere): what its
+        # configs name inside them, relative to this work tree, all the same (review 30)
+        yield from repos.config_named(scope, spot.path, worktree)
+        return
     if spot.tree is None or spot.st is None:
         return
     if not stat.S_ISDIR(spot.st.st_mode):

@@ -48,8 +48,8 @@ from .locate import Landing, Roots, land
 from .record import NamedTuple
 
 __all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "config_named", "gather", "git_findings",
-           "gitfile_target", "global_config", "global_paths", "holds_git_dir", "hook_folders",
-           "is_git_dir", "protect", "valid_head"]
+           "gitfile_target", "global_config", "global_named", "global_paths", "holds_git_dir",
+           "hook_folders", "is_git_dir", "protect", "valid_head"]
 
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
 CREATED = ("hooks", "modules", "worktrees")  # made to exist, so that they can be read-only
@@ -166,23 +166,63 @@ def git_findings(scope: Scope, tree: fsops.Tree, gitdir: str, worktree: str,
             tree.lstat(f"{gitdir}/config.worktree") is None:
         yield from _protect(scope, tree.path(f"{gitdir}/config.worktree"),
                             "git reads it (extensions.worktreeConfig)", "file")
-    yield from config_named(scope, tree, gitdir, worktree, entries)
+    yield from config_named(scope, tree.path(gitdir), worktree, entries)
 
 
-def config_named(scope: Scope, tree: fsops.Tree, gitdir: str, worktree: str,
+def config_named(scope: Scope, gitdir: str, worktree: str,
                  entries: list[tuple[str, str | None]] | None = None) -> Iterator[Finding]:
-    """What the configs of the git directory ``gitdir`` name in a writable tree: the files
-    they include, the hook folder, the programs git runs (``entries``: its ``config``'s,
-    includes inlined, when already read)."""
+    """What git reads for the git directory ``gitdir`` (absolute, as git would open it,
+    inside a writable tree or not) names in a writable tree: the files its configs
+    include, the hook folder, the programs git runs, resolved against ``worktree``.  Its
+    configs are the common one (a linked worktree's or a submodule's ``commondir``: git
+    reads that repository's config there, review 30), its own ``config`` (``entries``,
+    includes inlined, when already read) and ``config.worktree``, in git's order."""
+    here = land(gitdir, scope.roots, "a git directory")
+    if here.st is None or not stat.S_ISDIR(here.st.st_mode):
+        return
+    ordered: list[tuple[str, str | None]] = []
+    common = _common_dir(scope, gitdir)
+    if common is not None:
+        more, included = gather(scope, os.path.join(common, "config"))
+        ordered += more
+        yield from included
     if entries is None:
-        entries, included = gather(scope, tree.path(f"{gitdir}/config"))
+        entries, included = gather(scope, os.path.join(gitdir, "config"))
         yield from included
-    worktree_cfg = tree.path(f"{gitdir}/config.worktree")
-    if tree.lstat(f"{gitdir}/config.worktree") is not None:
+    ordered += entries
+    worktree_cfg = os.path.join(gitdir, "config.worktree")
+    if land(worktree_cfg, scope.roots, "a git config").st is not None:
         more, included = gather(scope, worktree_cfg)
-        entries = [*entries, *more]
+        ordered += more
         yield from included
-    yield from _named(scope, [*scope.inherited, *entries], worktree)
+    yield from _named(scope, [*scope.inherited, *ordered], worktree)
+
+
+def _common_dir(scope: Scope, gitdir: str) -> str | None:
+    """The common git directory a ``commondir`` names (relative to ``gitdir``), when it is
+    another than ``gitdir`` itself (corral's placeholder names ``.``)."""
+    spot = land(os.path.join(gitdir, "commondir"), scope.roots, "a git directory's commondir")
+    if spot.st is None or not stat.S_ISREG(spot.st.st_mode):
+        return None
+    try:
+        data = spot.tree.read(spot.rel, 4096) if spot.tree is not None else \
+            fsops.read_file(spot.path, 4096)
+    except OSError:
+        return None
+    text = (data or b"").decode(errors="surrogateescape").strip()
+    if not text:
+        return None
+    common = os.path.normpath(os.path.join(gitdir, text))
+    return None if common == os.path.normpath(gitdir) else common
+
+
+def global_named(scope: Scope) -> Iterator[Finding]:
+    """What the user's global configs (``scope.inherited``) name by an absolute or ``~``
+    path: their hook folder and programs, for every repository, even where the writable
+    trees hold none (review 30: a dotfiles folder holding ``core.hooksPath``)."""
+    entries: list[tuple[str, str | None]] = [
+        (n, v) for n, v in scope.inherited if v and v.startswith(("/", "~"))]
+    return _named(scope, entries, "/")
 
 
 def _commondir_placeholder(scope: Scope, tree: fsops.Tree, rel: str, make: bool) -> Finding:

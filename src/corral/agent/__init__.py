@@ -419,6 +419,7 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
         scope = repos.Scope(roots, home, create=not dry_run)
         inherited, findings = repos.global_config(scope)
         scope = scope._replace(inherited=inherited)
+        findings += repos.global_named(scope)  # even where no repository is (review 30)
         for tree in roots.trees:
             findings += discover.scan(tree, scope, policy.allow_secrets, policy.protect)
         findings += _listed_read_only(policy, home, writable)
