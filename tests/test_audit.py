@@ -28,6 +28,16 @@ def hg(cwd, *args):  # host Mercurial, with no config but the repository's own
                           capture_output=True, text=True, env=dict(os.environ, HGRCPATH=""))
 def hg_hook(marks, name):  # an hgrc whose hook leaves a mark when hg status runs it
     return f"[hooks]\\npre-status = touch {marks}/{name}\\n"
+def workspace(base):  # a test's tree, its quarantine and a folder for marks, in base
+    made = [os.path.join(base, n) for n in ("ws", "quarantine", "marks")]
+    for d in made:
+        os.mkdir(d)
+    return made
+def taken(marks):  # the marks left since the last look, taken away
+    ran = sorted(os.listdir(marks))
+    for m in ran:
+        os.unlink(os.path.join(marks, m))
+    return ran
 """
 
 
@@ -950,11 +960,8 @@ def test_what_a_repositorys_config_names_is_audited_by_its_path(who: Identity) -
     before the audit host git runs the hook and the fsmonitor; the user's unchanged named
     files stay."""
     r = as_identity(who, f"""
-        import shutil
         base = {str(who.tmp)!r}
-        top = os.path.join(base, "ws"); os.mkdir(top)
-        q = os.path.join(base, "quarantine"); os.mkdir(q)
-        marks = os.path.join(base, "marks"); os.mkdir(marks)
+        top, q, marks = workspace(base)
         def at(rel):
             return os.path.join(top, rel)
         def write(rel, text, mode=0o644):
@@ -968,10 +975,7 @@ def test_what_a_repositorys_config_names_is_audited_by_its_path(who: Identity) -
                 subprocess.run(["git", "-c", "safe.directory=*", "-c", "user.name=t",
                                 "-c", "user.email=t@x", *args], cwd=at(repo),
                                capture_output=True, env=env)
-            ran = sorted(os.listdir(marks))
-            for m in ran:
-                os.unlink(os.path.join(marks, m))
-            return ran
+            return taken(marks)
         hook = "#!/bin/sh\\nexit 0\\n"
         for repo in ("a", "b", "c"):
             git(top, "init", "-q", repo)
@@ -1072,9 +1076,7 @@ def test_a_folder_the_audit_cannot_examine_does_not_end_it(who: Identity) -> Non
     fsmonitor."""
     r = as_identity(who, f"""
         base = {str(who.tmp)!r}
-        top = os.path.join(base, "ws"); os.mkdir(top)
-        q = os.path.join(base, "quarantine"); os.mkdir(q)
-        marks = os.path.join(base, "marks"); os.mkdir(marks)
+        top, q, marks = workspace(base)
         def at(rel):
             return os.path.join(top, rel)
         census = audit.census_of_tree(top, None, audit.protected_names())
@@ -1104,10 +1106,7 @@ def test_a_folder_the_audit_cannot_examine_does_not_end_it(who: Identity) -> Non
             for p in plants:
                 subprocess.run(["git", "-c", "safe.directory=*", "status"], cwd=at(p),
                                capture_output=True)
-            ran = sorted(os.listdir(marks))
-            for m in ran:
-                os.unlink(os.path.join(marks, m))
-            return ran
+            return taken(marks)
         before = host_git()
         actions = audit.Auditor(census, lambda: q).run()
         after = host_git()
@@ -1173,9 +1172,7 @@ def test_a_worktrees_common_config_and_the_global_configs_name_what_is_audited(
     host git runs every plant."""
     r = as_identity(who, f"""
         base = {str(who.tmp)!r}
-        top = os.path.join(base, "ws"); os.mkdir(top)
-        q = os.path.join(base, "quarantine"); os.mkdir(q)
-        marks = os.path.join(base, "marks"); os.mkdir(marks)
+        top, q, marks = workspace(base)
         glob = os.path.join(base, "global.gitconfig")
         def at(rel):
             return os.path.join(top, rel)
@@ -1217,10 +1214,7 @@ def test_a_worktrees_common_config_and_the_global_configs_name_what_is_audited(
                     subprocess.run(["git", "-c", "safe.directory=*", "-c", "user.name=t",
                                     "-c", "user.email=t@x", *args], cwd=at(wt),
                                    capture_output=True)
-            ran = sorted(os.listdir(marks))
-            for m in ran:
-                os.unlink(os.path.join(marks, m))
-            return ran
+            return taken(marks)
         before = host_git()
         actions = audit.Auditor(census, lambda: q).run()
         after = host_git()
