@@ -1259,3 +1259,101 @@ def test_started_by_root_for_a_user_the_census_reads_that_users_global_config(
     with_owner, without = json.loads(out.stdout)
     assert with_owner == [f"{top}/hooks"], out
     assert without == [], out  # the control: root's own config names nothing there
+
+
+def test_what_the_home_and_its_configs_reach_in_the_workspace_is_audited(
+        who: Identity) -> None:
+    """Review 31, three ways the user's own configuration ran what a reused workspace's
+    run wrote: a relative ``include.path`` in a global config that is a link into the
+    workspace (git resolves it beside the link, corral did beside its target); a script a
+    command in the config runs as an argument (``alias.x = !sh <ws>/bin/x.sh``: only a
+    command's first word was protected); and a start-up file of the home that links into
+    the workspace (``~/.bash_aliases``, which agent mode protects and run mode did not
+    look at).  Controls: before the audit host git and sh run every plant."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top, q, marks = workspace(base)
+        home = os.path.join(base, "home"); os.mkdir(home)
+        other = os.path.join(base, "other"); git(base, "init", "-q", "other")
+        def at(rel):
+            return os.path.join(top, rel)
+        def write(path, text, mode=0o644):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, mode)
+        write(at("gc"), "[include]\\n\\tpath = gc.local\\n")
+        write(at("gc.local"), "[user]\\n\\tname = me\\n")
+        os.symlink(at("gc"), os.path.join(base, "gc"))  # the global config, a link
+        os.symlink(at("gc.local"), os.path.join(base, "gc.local"))  # beside it: read
+        write(at("bin/x.sh"), "exit 0\\n", 0o755)
+        with open(at("gc"), "a") as f:
+            f.write(f"[alias]\\n\\tx = !sh {{at('bin/x.sh')}} && true\\n")
+        write(at("aliases.sh"), "alias ll='ls -l'\\n")
+        os.symlink(at("aliases.sh"), os.path.join(home, ".bash_aliases"))
+        os.environ.update(GIT_CONFIG_GLOBAL=os.path.join(base, "gc"), HOME=home)
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        with open(at("gc.local"), "a") as f:
+            f.write(f"[core]\\n\\tfsmonitor = touch {{marks}}/include; false\\n")
+        write(at("bin/x.sh"), f"touch {{marks}}/argument\\n", 0o755)
+        with open(at("aliases.sh"), "a") as f:
+            f.write(f"touch {{marks}}/home-link\\n")
+        def host():
+            for args in (["status"], ["x"]):
+                subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=other,
+                               capture_output=True)
+            subprocess.run(["sh", "-c", ". ~/.bash_aliases"], capture_output=True)
+            return taken(marks)
+        before = host()
+        actions = audit.Auditor(census, lambda: q).run()
+        after = host()
+        print(json.dumps({{"before": before, "after": after,
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions)}}))
+    """)
+    assert r["before"] == ["argument", "home-link", "include"], r  # the control
+    assert r["after"] == [], r
+    assert r["did"] == [["aliases.sh", "quarantined"], ["aliases.sh", "restored"],
+                        ["bin/x.sh", "quarantined"], ["bin/x.sh", "restored"],
+                        ["gc.local", "quarantined"], ["gc.local", "restored"]], r
+
+
+def test_started_by_root_the_users_configs_are_read_with_the_users_rights(
+        root: Identity) -> None:
+    """Review 31: started by root for a user, the census read what the user's global
+    config includes with root's rights, and its refusal of a file git could not read
+    quoted the first word of a root-only file.  They are read with the user's rights now:
+    what the user's git cannot read, it obeys nothing of.  Control: read with root's
+    rights (no owner), the same file is quoted."""
+    user = _ensure_user()
+    secret = root.tmp / "secret"
+    secret.write_text("s3cr3t_w0rd\n")  # not a config line: git would refuse it
+    secret.chmod(0o600)
+    top = root.tmp / "ws"
+    top.mkdir()
+    os.chown(top, user.pw_uid, user.pw_gid)
+    config = Path(user.pw_dir) / ".gitconfig"
+    assert not config.exists()
+    config.write_text(f"[include]\n\tpath = {secret}\n")
+    code = ("import json; from corral import audit; from corral.errors import UsageError\n"
+            "out = []\n"
+            f"for owner, home in (({(user.pw_uid, user.pw_gid)!r}, None), "
+            f"(None, {user.pw_dir!r})):\n"
+            "    import os\n"
+            "    if home: os.environ['HOME'] = home\n"
+            "    try:\n"
+            f"        audit.census_of_tree({str(top)!r}, owner, audit.protected_names())\n"
+            "        out.append('read')\n"
+            "    except UsageError as e:\n"
+            "        out.append(str(e))\n"
+            "print(json.dumps(out))\n")
+    try:
+        got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=120, check=True,
+                             env=dict(os.environ, HOME="/root", GIT_CONFIG_GLOBAL=""))
+    finally:
+        config.unlink()
+    as_user, as_root = json.loads(got.stdout)
+    assert as_user == "read", got
+    assert "s3cr3t" in as_root, got  # the control: with root's rights it is read, quoted

@@ -298,14 +298,22 @@ def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[
         target = repos.gitfile_target(tree, rel)  # one's config), wherever it is
         if target is not None:
             pairs.append((os.path.normpath(target), os.path.dirname(tree.path(rel))))
+    from . import discover
+
     found: list[Finding] = []
     hook_folders: list[str] = []
     for home in dict.fromkeys(homes):
         scope = repos.Scope(Roots([tree]), home, create=False)
-        inherited, more = repos.global_config(scope)
-        scope = scope._replace(inherited=inherited)
-        found += more
-        found += repos.global_named(scope)
+        # The user's own files with the user's rights (review 31: root read a root-only
+        # file a user's config included, and quoted it in its refusal).
+        with fsops.acting_as(owner if home != homes[0] else None):
+            inherited, more = repos.global_config(scope)
+            scope = scope._replace(inherited=inherited)
+            found += more
+            found += repos.global_named(scope)
+            # What the home's start-up files link to in the workspace, as in agent mode
+            # (review 31: ~/.bash_aliases a link into it, and bash ran what the run added)
+            found += discover.home_links(scope, home)
         for gitdir, worktree in pairs:
             found += repos.config_named(scope, gitdir, worktree)
         hook_folders += repos.hook_folders(inherited)

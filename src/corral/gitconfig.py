@@ -20,7 +20,8 @@ import os
 import pwd
 from collections.abc import Iterator
 
-__all__ = ["MAX_INCLUDE_DEPTH", "ConfigError", "commands", "expand", "is_bool", "parse"]
+__all__ = ["MAX_INCLUDE_DEPTH", "ConfigError", "command_paths", "commands", "expand", "is_bool",
+           "parse"]
 
 MAX_INCLUDE_DEPTH = 10  # git's own limit on nested includes
 BOOLS = {"true", "yes", "on", "1", "false", "no", "off", "0", ""}
@@ -218,8 +219,8 @@ def expand(path: str, home: str) -> str | None:
     return path
 
 
-def commands(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]:
-    """(name, first word) of every value git would run as a program or shell command."""
+def _command_words(entries: list[tuple[str, str | None]]
+                   ) -> Iterator[tuple[str, list[str]]]:
     for name, value in entries:
         section, sub, key = split_name(name)
         command = section in COMMAND_SECTIONS or (section, sub is not None, key) in COMMAND_KEYS
@@ -227,4 +228,27 @@ def commands(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]
             continue
         words = value.lstrip().lstrip("!").split()
         if words:
-            yield name, words[0]
+            yield name, words
+
+
+def commands(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]:
+    """(name, first word) of every value git would run as a program or shell command."""
+    for name, words in _command_words(entries):
+        yield name, words[0]
+
+
+SHELL_MARKS = "|;&<>()`'\"$"  # what ends or quotes a word in a shell command
+
+
+def command_paths(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]:
+    """(name, word) of every other word of those commands that names a path (has a
+    ``/``), cut at the shell's separators and quotes: what an interpreter or a pipeline
+    of the command may run (``perl ~/bin/diff-highlight | less``).  Loose on purpose:
+    a word that names no file costs nothing."""
+    for name, words in _command_words(entries):
+        text = " ".join(words[1:])
+        for mark in SHELL_MARKS:
+            text = text.replace(mark, " ")
+        for word in text.split():
+            if "/" in word:
+                yield name, word

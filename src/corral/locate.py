@@ -64,6 +64,10 @@ def _lstat(path: str, roots: Roots) -> os.stat_result | None:
         return held[0].lstat(held[1]) if held is not None else os.lstat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except PermissionError:
+        if held is not None:
+            raise
+        return None  # outside the trees, beyond whose rights it is read with: as absent
 
 
 def land(path: str, roots: Roots, why: str, create: str | None = None) -> Landing:

@@ -220,9 +220,8 @@ def global_named(scope: Scope) -> Iterator[Finding]:
     """What the user's global configs (``scope.inherited``) name by an absolute or ``~``
     path: their hook folder and programs, for every repository, even where the writable
     trees hold none (review 30: a dotfiles folder holding ``core.hooksPath``)."""
-    entries: list[tuple[str, str | None]] = [
-        (n, v) for n, v in scope.inherited if v and v.startswith(("/", "~"))]
-    return _named(scope, entries, "/")
+    # Resolved against "/": a relative one means a path in each repository (done there).
+    return _named(scope, list(scope.inherited), "/")
 
 
 def _commondir_placeholder(scope: Scope, tree: fsops.Tree, rel: str, make: bool) -> Finding:
@@ -323,6 +322,11 @@ def _config(spot: Landing) -> list[tuple[str, str | None]]:
         data = spot.tree.read(spot.rel, CONFIG_CAP) if spot.tree is not None else \
             fsops.read_file(spot.path, CONFIG_CAP)
     except OSError as e:
+        if e.errno == errno.EACCES:
+            # Read with the rights of the user whose git reads it (see audit and agent:
+            # review 31 had root quote a root-only file a user's config included): what
+            # that git cannot read, it obeys nothing of.
+            return []
         if e.errno != errno.EFBIG:
             raise
         raise _refuse(spot.path, f"is larger than {CONFIG_CAP} bytes",
@@ -352,7 +356,10 @@ def gather(scope: Scope, path: str, depth: int = 0
         target = gitconfig.expand(value, scope.home)
         if target is None:
             continue  # relative to git's own installation: never in a writable tree
-        target = os.path.join(os.path.dirname(spot.path), target)
+        # Relative to the folder of the file as git opened it, not of what a link there
+        # lands on (review 31: ~/.gitconfig a link into a dotfiles project, including
+        # .gitconfig.local: git reads ~/.gitconfig.local)
+        target = os.path.join(os.path.dirname(path), target)
         found += _protect(scope, target, "included by a git config", "file")
         more, deeper = gather(scope, target, depth + 1)
         entries += more
@@ -374,6 +381,17 @@ def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str
         if path is not None and "/" in path:  # a bare name is looked up on PATH
             yield from _protect(scope, os.path.join(worktree, path),
                                 f"a program git runs ({name})", "file")
+    # The command's other words that name a file: the script an interpreter runs
+    # (review 31: `core.pager = perl ~/dotfiles/bin/diff-highlight | less`); only those
+    # there at launch (an option like --x=a/b is no file, and gets no placeholder).
+    for name, word in gitconfig.command_paths(entries):
+        path = gitconfig.expand(word, scope.home)
+        if path is None:
+            continue
+        spot = land(os.path.join(worktree, path), scope.roots, f"a file git's {name} names")
+        if spot.tree is not None and spot.st is not None and stat.S_ISREG(spot.st.st_mode):
+            yield from _protect(scope, spot.path, f"a file a command git runs names ({name})",
+                                "file")
 
 
 def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], list[Finding]]:

@@ -417,13 +417,15 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
     roots = Roots([fsops.Tree(e.path, owner) for e in writable if e.kind == "dir"])
     try:
         scope = repos.Scope(roots, home, create=not dry_run)
-        inherited, findings = repos.global_config(scope)
-        scope = scope._replace(inherited=inherited)
-        findings += repos.global_named(scope)  # even where no repository is (review 30)
+        with fsops.acting_as(owner):  # the user's files with the user's rights (review 31)
+            inherited, findings = repos.global_config(scope)
+            scope = scope._replace(inherited=inherited)
+            findings += repos.global_named(scope)  # even where no repository is (review 30)
         for tree in roots.trees:
             findings += discover.scan(tree, scope, policy.allow_secrets, policy.protect)
         findings += _listed_read_only(policy, home, writable)
-        findings += discover.home_links(scope, home)
+        with fsops.acting_as(owner):
+            findings += discover.home_links(scope, home)
         findings = discover.with_parents(findings, scope)
         expected = []
         for tree in roots.trees:  # each finding is checked from its nearest tree
