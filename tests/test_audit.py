@@ -1357,3 +1357,79 @@ def test_started_by_root_the_users_configs_are_read_with_the_users_rights(
     as_user, as_root = json.loads(got.stdout)
     assert as_user == "read", got
     assert "s3cr3t" in as_root, got  # the control: with root's rights it is read, quoted
+
+
+def test_every_form_of_a_commands_path_is_protected_or_refused(who: Identity) -> None:
+    """Review 32: the words of a command git runs were matched as text, so a script it runs
+    went unprotected when written ``$HOME/x``, ``sh "${HOME}/x"`` or ``F=~/x && sh $F``;
+    a command that ``cd``s into a folder of the workspace may run any file there; git runs
+    ``gpg.ssh.defaultKeyCommand``, which was not a known command key; and
+    ``~/.bashrc.d/*`` (sourced by Fedora's ``.bashrc``) was deeper than the home links
+    looked.  The forms are protected now, the folder refuses the run (exit 125 for the
+    CLI) and the start-up file is compared.  Control: before the audit host git and sh run
+    every plant."""
+    r = as_identity(who, f"""
+        from corral.errors import UsageError
+        base = {str(who.tmp)!r}
+        top, q, marks = workspace(base)
+        home = os.path.join(base, "home"); os.mkdir(home)
+        other = os.path.join(base, "other"); git(base, "init", "-q", "other")
+        gc = os.path.join(base, "gc")
+        def at(rel):
+            return os.path.join(top, rel)
+        def write(path, text, mode=0o755):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
+            os.chmod(path, mode)
+        for name in ("a", "b", "c", "d", "k"):
+            write(at("bin/" + name), "exit 0\\n")
+        os.makedirs(os.path.join(home, ".bashrc.d"))
+        write(at("rc.sh"), "true\\n", 0o644)
+        os.symlink(at("rc.sh"), os.path.join(home, ".bashrc.d/rc.sh"))
+        os.environ.update(GIT_CONFIG_GLOBAL=gc, HOME=home)
+        os.symlink(top, os.path.join(home, "dots"))  # the workspace seen from the home
+        write(gc, "[alias]\\n"
+                  "\\ta = !$HOME/dots/bin/a\\n"
+                  "\\tb = !sh \\"${{HOME}}/dots/bin/b\\"\\n"
+                  "\\tc = !F=~/dots/bin/c && sh $F\\n"
+                  f"[gpg \\"ssh\\"]\\n\\tdefaultKeyCommand = {{at('bin/k')}}\\n", 0o644)
+        try:
+            census = audit.census_of_tree(top, None, audit.protected_names())
+        except UsageError as e:
+            print(json.dumps({{"refused": str(e)}})); raise SystemExit
+        named = sorted(os.path.relpath(p, top) for p in census.named)
+        later()
+        for name in ("a", "b", "c"):
+            write(at("bin/" + name), f"touch {{marks}}/{{name}}\\n")
+        with open(at("rc.sh"), "a") as f:
+            f.write(f"touch {{marks}}/bashrc.d\\n")
+        def host():
+            for name in ("a", "b", "c"):
+                subprocess.run(["git", "-c", "safe.directory=*", name], cwd=other,
+                               capture_output=True)
+            subprocess.run(["sh", "-c", "for f in ~/.bashrc.d/*; do . $f; done"],
+                           capture_output=True)
+            return taken(marks)
+        before = host()
+        actions = audit.Auditor(census, lambda: q).run()
+        after = host()
+        # And a command that goes into a folder of the workspace: refused.
+        with open(gc, "a") as f:
+            f.write("[core]\\n\\tfsmonitor = cd ~/dots && sh d\\n")
+        try:
+            audit.census_of_tree(top, None, audit.protected_names())
+            refused = ""
+        except UsageError as e:
+            refused = str(e)
+        print(json.dumps({{"before": before, "after": after, "named": named,
+                          "refused": refused,
+                          "did": sorted((os.path.relpath(a.path, top), a.did)
+                                        for a in actions if a.did == "quarantined")}}))
+    """)
+    assert r["before"] == ["a", "b", "bashrc.d", "c"], r  # the control: all run
+    assert r["after"] == [], r
+    assert r["named"] == ["bin/a", "bin/b", "bin/c", "bin/k", "rc.sh"], r
+    assert r["did"] == [["bin/a", "quarantined"], ["bin/b", "quarantined"],
+                        ["bin/c", "quarantined"], ["rc.sh", "quarantined"]], r
+    assert "a folder a command of git's core.fsmonitor names" in r["refused"], r

@@ -213,7 +213,11 @@ def _dot_git(tree: fsops.Tree, scope: repos.Scope, rel: str, kind: str) -> Itera
 # links single files where a folder exists already (~/.config/nvim/init.lua,
 # ~/.config/systemd/user/x.service); ssh's config holds ProxyCommand, gpg's pinentry-program.
 HOME_FOLDERS = (("", 1), (".config", 3), (".local/bin", 1), (".local/share/applications", 1),
-                (".ssh", 1), (".gnupg", 1), ("bin", 1))
+                (".ssh", 1), (".gnupg", 1), ("bin", 1),
+                # what shells and editors source at start (review 32: Fedora's .bashrc
+                # sources ~/.bashrc.d/*; vim, ~/.vim/plugin/*)
+                (".bashrc.d", 1), (".profile.d", 1), (".zshrc.d", 1), (".vim", 3),
+                (".emacs.d", 2))
 MAX_HOME_ENTRIES = 20_000  # entries of one of those folders looked at, all levels together
 
 

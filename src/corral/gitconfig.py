@@ -37,6 +37,17 @@ COMMAND_KEYS = {
     ("filter", True, "clean"), ("filter", True, "smudge"), ("filter", True, "process"),
     ("interactive", False, "difffilter"), ("uploadpack", False, "packobjectshook"),
     ("remote", True, "uploadpack"), ("remote", True, "receivepack"),
+    # Review 32: gpg.ssh.defaultKeyCommand runs on every signed commit; the rest run on
+    # their commands (git mergetool, difftool, archive, interpret-trailers, send-email,
+    # help -w, help -m, submodule update).
+    ("gpg", True, "defaultkeycommand"), ("mergetool", True, "path"),
+    ("difftool", True, "path"), ("tar", True, "command"), ("trailer", True, "cmd"),
+    ("trailer", True, "command"), ("sendemail", False, "smtpserver"),
+    ("sendemail", True, "smtpserver"), ("sendemail", False, "tocmd"),
+    ("sendemail", True, "tocmd"), ("sendemail", False, "cccmd"), ("sendemail", True, "cccmd"),
+    ("sendemail", False, "sendmailcmd"), ("sendemail", True, "sendmailcmd"),
+    ("browser", True, "cmd"), ("browser", True, "path"), ("man", True, "cmd"),
+    ("man", True, "path"), ("submodule", True, "update"),
 }
 COMMAND_SECTIONS = ("alias", "pager")  # every key of these is a command (or may be)
 # Keys whose values are folders git copies or runs hooks from.
@@ -237,18 +248,23 @@ def commands(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]
         yield name, words[0]
 
 
-SHELL_MARKS = "|;&<>()`'\"$"  # what ends or quotes a word in a shell command
+SHELL_MARKS = "|;&<>()`'\"$={}"  # what ends, quotes or joins a word in a shell command
 
 
-def command_paths(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]:
-    """(name, word) of every other word of those commands that names a path (has a
-    ``/``), cut at the shell's separators and quotes: what an interpreter or a pipeline
-    of the command may run (``perl ~/bin/diff-highlight | less``).  Loose on purpose:
-    a word that names no file costs nothing."""
+def command_paths(entries: list[tuple[str, str | None]], home: str
+                  ) -> Iterator[tuple[str, str]]:
+    """(name, word) of every word of those commands that may name a path: one with a
+    ``/`` or a ``~``, and the folder a ``cd`` or ``pushd`` goes to, with ``$HOME`` and
+    ``${HOME}`` put as the shell puts them and the words cut at its separators, quotes
+    and assignments (``perl ~/bin/diff-highlight | less``, ``sh "$HOME/x"``,
+    ``F=~/x && sh $F``, ``cd ~/dots && sh x``: review 32).  Loose on purpose: a word that
+    names no file costs nothing."""
     for name, words in _command_words(entries):
-        text = " ".join(words[1:])
+        text = " ".join(words).replace("${HOME}", home).replace("$HOME", home)
         for mark in SHELL_MARKS:
             text = text.replace(mark, " ")
+        after_cd = False
         for word in text.split():
-            if "/" in word:
+            if "/" in word or word.startswith("~") or after_cd:
                 yield name, word
+            after_cd = word in ("cd", "pushd")

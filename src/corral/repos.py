@@ -384,14 +384,23 @@ def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str
     # The command's other words that name a file: the script an interpreter runs
     # (review 31: `core.pager = perl ~/dotfiles/bin/diff-highlight | less`); only those
     # there at launch (an option like --x=a/b is no file, and gets no placeholder).
-    for name, word in gitconfig.command_paths(entries):
+    for name, word in gitconfig.command_paths(entries, scope.home):
         path = gitconfig.expand(word, scope.home)
         if path is None:
             continue
         spot = land(os.path.join(worktree, path), scope.roots, f"a file git's {name} names")
-        if spot.tree is not None and spot.st is not None and stat.S_ISREG(spot.st.st_mode):
+        if spot.tree is None or spot.st is None:
+            continue
+        if stat.S_ISREG(spot.st.st_mode):
             yield from _protect(scope, spot.path, f"a file a command git runs names ({name})",
                                 "file")
+        elif stat.S_ISDIR(spot.st.st_mode) and not name.startswith("alias."):
+            # A command that goes into a folder of a writable tree (`cd ~/dots && sh x`)
+            # may run any file there: which, corral cannot tell (review 32).  An alias
+            # runs only when the user calls it, as the project's own scripts do.
+            raise _refuse(spot.path, f"is a folder a command of git's {name} names",
+                          "git runs that command on the host, and it may run any file "
+                          "in the folder, which the sandbox can write")
 
 
 def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], list[Finding]]:
