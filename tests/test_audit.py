@@ -33,6 +33,11 @@ def workspace(base):  # a test's tree, its quarantine and a folder for marks, in
     for d in made:
         os.mkdir(d)
     return made
+def write(path, text, mode=0o755):  # a file, its folders made first
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, mode)
 def taken(marks):  # the marks left since the last look, taken away
     ran = sorted(os.listdir(marks))
     for m in ran:
@@ -1176,11 +1181,6 @@ def test_a_worktrees_common_config_and_the_global_configs_name_what_is_audited(
         glob = os.path.join(base, "global.gitconfig")
         def at(rel):
             return os.path.join(top, rel)
-        def write(path, text, mode=0o755):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, mode)
         ok = "#!/bin/sh\\nexit 0\\n"
         # In the workspace, repo with its worktree wt; outside it, far with its worktree
         # ws/farwt; the user's global config names ws/dots/hooks.
@@ -1277,19 +1277,14 @@ def test_what_the_home_and_its_configs_reach_in_the_workspace_is_audited(
         other = os.path.join(base, "other"); git(base, "init", "-q", "other")
         def at(rel):
             return os.path.join(top, rel)
-        def write(path, text, mode=0o644):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, mode)
-        write(at("gc"), "[include]\\n\\tpath = gc.local\\n")
-        write(at("gc.local"), "[user]\\n\\tname = me\\n")
+        write(at("gc"), "[include]\\n\\tpath = gc.local\\n", 0o644)
+        write(at("gc.local"), "[user]\\n\\tname = me\\n", 0o644)
         os.symlink(at("gc"), os.path.join(base, "gc"))  # the global config, a link
         os.symlink(at("gc.local"), os.path.join(base, "gc.local"))  # beside it: read
         write(at("bin/x.sh"), "exit 0\\n", 0o755)
         with open(at("gc"), "a") as f:
             f.write(f"[alias]\\n\\tx = !sh {{at('bin/x.sh')}} && true\\n")
-        write(at("aliases.sh"), "alias ll='ls -l'\\n")
+        write(at("aliases.sh"), "alias ll='ls -l'\\n", 0o644)
         os.symlink(at("aliases.sh"), os.path.join(home, ".bash_aliases"))
         os.environ.update(GIT_CONFIG_GLOBAL=os.path.join(base, "gc"), HOME=home)
         census = audit.census_of_tree(top, None, audit.protected_names())
@@ -1377,11 +1372,6 @@ def test_every_form_of_a_commands_path_is_protected_or_refused(who: Identity) ->
         gc = os.path.join(base, "gc")
         def at(rel):
             return os.path.join(top, rel)
-        def write(path, text, mode=0o755):
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w") as f:
-                f.write(text)
-            os.chmod(path, mode)
         for name in ("a", "b", "c", "d", "k"):
             write(at("bin/" + name), "exit 0\\n")
         os.makedirs(os.path.join(home, ".bashrc.d"))
