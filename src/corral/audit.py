@@ -230,6 +230,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     folders: dict[str, tuple[int, int]] = {}
     blind: list[OSError] = []
     gitfiles: list[str] = []
+    found = _Found(gitdirs, linked, protected, backups, budget, folders, gitfiles)
     with fsops.Tree(top, owner) as tree:
         try:
             # A bare repository as the workspace itself, as the audit takes it: its
@@ -247,8 +248,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
                 # One folder that cannot be looked into (a name too long) leaves only its
                 # part unrecorded, and the census goes on (review 29).
                 with small.suppress(OSError):
-                    _census_part(tree, here, entries, names, _Found(
-                        gitdirs, linked, protected, backups, budget, folders, gitfiles))
+                    _census_part(tree, here, entries, names, found)
         except OSError:
             # It stopped short (the cap): what it did not see stays new.  Never "judge it by
             # time" instead: review 28 made the census fail on purpose (a path too long
