@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent_lab import Lab, agent, naive
+from agent_lab import Lab, agent, git, naive
 from conftest import Identity
 
 pytestmark = pytest.mark.sandbox
@@ -869,3 +869,31 @@ def test_no_config_worktree_appears_in_a_linked_worktrees_git_directory(
     finally:
         shutil.rmtree(worktree, ignore_errors=True)
         marker.unlink(missing_ok=True)
+
+
+def test_a_file_a_command_names_made_during_the_run_is_a_plant(who: Identity, lab: Lab
+                                                                 ) -> None:
+    """Review 33: a repository's own ``core.fsmonitor = sh late.sh`` (a bare word, run
+    from the repository's top) named a file no word with a ``/`` named, and one missing at
+    launch was never looked at: the agent wrote it, and the next host ``git status`` ran
+    it.  Now the word is read as the shell reads it, and the missing file is watched."""
+    def project() -> Path:
+        p = _plain_project(lab)
+        git(p, "init", "-q")
+        git(p, "config", "core.fsmonitor", "sh late.sh")
+        lab.own(p)
+        assert "sh late.sh" in (p / ".git" / "config").read_text()
+        return p
+    marker = who.tmp / f"late-{uuid.uuid4().hex[:8]}"
+    plant = f"printf 'echo ran > {marker}; exit 1\\n' > late.sh && echo PLANTED"
+    p = project()
+    r = agent(who, lab, plant, cwd=p)
+    assert "PLANTED" in r.stdout, r
+    assert "quarantined" in r.stderr and "late.sh" in r.stderr, r.stderr
+    _host_git(who, p, "status")
+    assert not marker.exists(), r.stderr
+    # Control: the naive sandbox plants the same, and host git runs it.
+    p = project()
+    naive(who, lab, plant, cwd=p)
+    _host_git(who, p, "status")
+    assert marker.read_text() == "ran\n"

@@ -1423,3 +1423,58 @@ def test_every_form_of_a_commands_path_is_protected_or_refused(who: Identity) ->
     assert r["did"] == [["bin/a", "quarantined"], ["bin/b", "quarantined"],
                         ["bin/c", "quarantined"], ["rc.sh", "quarantined"]], r
     assert "a folder a command of git's core.fsmonitor names" in r["refused"], r
+
+
+def test_a_command_is_read_as_the_shell_reads_it(who: Identity) -> None:
+    """Review 33: words were matched as text, so the script git's command runs went
+    unprotected when written ``sh f''sm``, ``sh fs\\m``, ``cd ~ && sh dots/fsm``, or bare
+    (``sh fsm.sh``, relative to the repository's top); one missing at launch was never
+    looked at.  Each is read as ``sh`` reads it now: what it names is compared, what is
+    made there during the run is a plant, and a glob refuses the run.  Control: before
+    the audit host git runs every plant."""
+    r = as_identity(who, f"""
+        from corral.errors import UsageError
+        base = {str(who.tmp)!r}
+        top, q, marks = workspace(base)
+        home = os.path.join(base, "home"); os.mkdir(home)
+        os.symlink(os.path.join(top, "dots"), os.path.join(home, "dots"))
+        os.environ.update(GIT_CONFIG_GLOBAL=os.path.join(base, "gc"), HOME=home)
+        forms = {{"concat": ("sh f''sm", "fsm"), "bslash": ("sh fs\\\\\\\\m", "fsm"),
+                  "bare": ("sh fsm.sh", "fsm.sh"), "cd": ("cd ~ && sh dots/fsm", "../dots/fsm"),
+                  "late": ("sh late.sh", None)}}
+        for name, (command, script) in forms.items():
+            git(top, "init", "-q", name)
+            with open(os.path.join(top, name, ".git/config"), "a") as f:
+                f.write(f"[core]\\n\\tfsmonitor = {{command}}\\n")
+            if script:
+                write(os.path.join(top, name, script), "exit 1\\n", 0o644)
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        for name, (command, script) in forms.items():
+            write(os.path.join(top, name, script or "late.sh"),
+                  f"touch {{marks}}/{{name}}; exit 1\\n", 0o644)
+        def host():
+            for name in forms:
+                subprocess.run(["git", "-c", "safe.directory=*", "status"],
+                               cwd=os.path.join(top, name), capture_output=True)
+            return taken(marks)
+        before = host()
+        actions = audit.Auditor(census, lambda: q).run()
+        after = host()
+        git(top, "init", "-q", "glob")
+        with open(os.path.join(top, "glob/.git/config"), "a") as f:
+            f.write("[core]\\n\\tfsmonitor = sh fs?\\n")
+        try:
+            audit.census_of_tree(top, None, audit.protected_names())
+            refused = ""
+        except UsageError as e:
+            refused = str(e)
+        print(json.dumps({{"before": before, "after": after, "refused": refused,
+                          "did": sorted(os.path.relpath(a.path, top) for a in actions
+                                        if a.did == "quarantined")}}))
+    """)
+    assert r["before"] == ["bare", "bslash", "cd", "concat", "late"], r  # the control
+    assert r["after"] == [], r
+    assert r["did"] == ["bare/fsm.sh", "bslash/fsm", "concat/fsm", "dots/fsm",
+                        "late/late.sh"], r
+    assert "holds a pattern the shell expands (?)" in r["refused"], r

@@ -105,8 +105,8 @@ def test_commands_and_paths_git_would_run_or_follow() -> None:
                               b'[alias]\n\tst = !tools/st.sh\n[core]\n\tfsmonitor = true\n'
                               b'[diff "x"]\n\ttextconv = bin/conv\n')
     assert list(gitconfig.commands(entries)) == [
-        ("core.fsmonitor", "./fsmon.sh"), ("core.pager", "less"), ("alias.st", "tools/st.sh"),
-        ("diff.x.textconv", "bin/conv")]
+        ("core.fsmonitor", "./fsmon.sh --x"), ("core.pager", "less"),
+        ("alias.st", "tools/st.sh"), ("diff.x.textconv", "bin/conv")]
     assert gitconfig.expand("~/a", "/home/u") == "/home/u/a"
     assert gitconfig.expand("%(prefix)/etc", "/home/u") is None
     assert gitconfig.expand("rel/a", "/home/u") == "rel/a"

@@ -404,7 +404,8 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
         owner = (sb.uid, sb.gid) if facts.is_root else None
         census = audit.census_of_findings(  # the user's trees; not corral's copy of the state
             [(e.path, owner) for e in layout.writable if e.kind == "dir" and not e.source],
-            layout.findings, audit.protected_names(policy.protect), layout.hooks)
+            layout.findings, audit.protected_names(policy.protect), layout.hooks,
+            layout.watched)
         quarantine = workspace.quarantine(
             run_dir.root if run_dir else None, runs, layout.project)
         run_id = run_dir.run_id if run_dir else workspace.new_run_id()

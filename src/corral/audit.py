@@ -195,8 +195,10 @@ def _short(name: str) -> str:
 
 def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
                        findings: Sequence[Finding], names: frozenset[str],
-                       hook_folders: tuple[str, ...] = ()) -> Census:
-    """Agent mode: the scan has found everything (and all of it is read-only inside)."""
+                       hook_folders: tuple[str, ...] = (), watched: Sequence[str] = ()
+                       ) -> Census:
+    """Agent mode: the scan has found everything (and all of it is read-only inside);
+    ``watched``: missing files git's commands name, a plant if made during the run."""
     from . import gitstate, repos  # (this module's git parts are imported where used)
 
     placeholders = []
@@ -214,7 +216,7 @@ def census_of_findings(trees: Sequence[tuple[str, tuple[int, int] | None]],
         protected=frozenset(f.path for f in findings if os.path.basename(f.path) in names
                             or os.path.basename(f.path) == ".git"
                             or vcs_control(f.path, f.kind)),
-        placeholders=tuple(placeholders), hook_folders=hook_folders,
+        placeholders=tuple(placeholders), hook_folders=hook_folders, named=frozenset(watched),
         commands=gitstate.at_launch(trees, gitdirs | linked))
 
 
@@ -318,7 +320,7 @@ def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[
             found += repos.config_named(scope, gitdir, worktree)
         hook_folders += repos.hook_folders(inherited)
     top = os.path.normpath(tree.root)
-    named = {f.path: f.kind for f in found if f.action == "protect"
+    named = {f.path: f.kind for f in found if f.action in ("protect", "watch")
              and os.path.normpath(f.path) != top}  # (the whole workspace: not a hook folder)
     return named, tuple(dict.fromkeys(hook_folders))
 

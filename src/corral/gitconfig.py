@@ -20,7 +20,7 @@ import os
 import pwd
 from collections.abc import Iterator
 
-__all__ = ["MAX_INCLUDE_DEPTH", "ConfigError", "command_paths", "commands", "expand", "is_bool",
+__all__ = ["MAX_INCLUDE_DEPTH", "ConfigError", "commands", "expand", "is_bool",
            "parse"]
 
 MAX_INCLUDE_DEPTH = 10  # git's own limit on nested includes
@@ -230,41 +230,15 @@ def expand(path: str, home: str) -> str | None:
     return path
 
 
-def _command_words(entries: list[tuple[str, str | None]]
-                   ) -> Iterator[tuple[str, list[str]]]:
+def commands(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]:
+    """(name, text) of every value git would run as a program or a shell command (an
+    alias's ``!`` taken off); :mod:`corral.shellread` reads what the text names."""
     for name, value in entries:
         section, sub, key = split_name(name)
         command = section in COMMAND_SECTIONS or (section, sub is not None, key) in COMMAND_KEYS
         if not command or value is None or (name == "core.fsmonitor" and is_bool(value)):
             continue
-        words = value.lstrip().lstrip("!").split()
-        if words:
-            yield name, words
-
-
-def commands(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]:
-    """(name, first word) of every value git would run as a program or shell command."""
-    for name, words in _command_words(entries):
-        yield name, words[0]
-
-
-SHELL_MARKS = "|;&<>()`'\"$={}"  # what ends, quotes or joins a word in a shell command
-
-
-def command_paths(entries: list[tuple[str, str | None]], home: str
-                  ) -> Iterator[tuple[str, str]]:
-    """(name, word) of every word of those commands that may name a path: one with a
-    ``/`` or a ``~``, and the folder a ``cd`` or ``pushd`` goes to, with ``$HOME`` and
-    ``${HOME}`` put as the shell puts them and the words cut at its separators, quotes
-    and assignments (``perl ~/bin/diff-highlight | less``, ``sh "$HOME/x"``,
-    ``F=~/x && sh $F``, ``cd ~/dots && sh x``: review 32).  Loose on purpose: a word that
-    names no file costs nothing."""
-    for name, words in _command_words(entries):
-        text = " ".join(words).replace("${HOME}", home).replace("$HOME", home)
-        for mark in SHELL_MARKS:
-            text = text.replace(mark, " ")
-        after_cd = False
-        for word in text.split():
-            if "/" in word or word.startswith("~") or after_cd:
-                yield name, word
-            after_cd = word in ("cd", "pushd")
+        text = value.strip()
+        text = text[1:] if text.startswith("!") else text
+        if text.strip():
+            yield name, text

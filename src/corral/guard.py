@@ -206,7 +206,9 @@ class Finding(NamedTuple):
     """A path inside a writable tree that corral re-mounts, and why (see corral.discover)."""
 
     path: str  # absolute host path (also the path inside)
-    action: str  # "protect" (read-only), "hide" (empty, read-only), "pin" (bound onto itself)
+    # "protect" (read-only), "hide" (empty, read-only), "pin" (bound onto itself); "watch"
+    # (missing, mounts nothing: one made during the run is a plant, see corral.audit)
+    action: str
     kind: str  # "file" or "dir"
     reason: str
     # "": found there; "placeholder": an empty file corral made so that nothing else can be

@@ -40,7 +40,7 @@ import os
 import stat
 from collections.abc import Iterator
 
-from . import fsops, gitconfig
+from . import fsops, gitconfig, shellread
 from .errors import UsageError
 from .fswalk import walk
 from .guard import SELF_COMMONDIR, Finding
@@ -220,8 +220,11 @@ def global_named(scope: Scope) -> Iterator[Finding]:
     """What the user's global configs (``scope.inherited``) name by an absolute or ``~``
     path: their hook folder and programs, for every repository, even where the writable
     trees hold none (review 30: a dotfiles folder holding ``core.hooksPath``)."""
-    # Resolved against "/": a relative one means a path in each repository (done there).
-    return _named(scope, list(scope.inherited), "/")
+    # The hook folder against "/": a relative one means one in each repository (done
+    # there).  The commands against where the user may run git outside any repository:
+    # the home and the writable trees' tops.
+    starts = [scope.home, *(t.root for t in scope.roots.trees)]
+    return _named(scope, list(scope.inherited), "/", starts)
 
 
 def _commondir_placeholder(scope: Scope, tree: fsops.Tree, rel: str, make: bool) -> Finding:
@@ -367,40 +370,71 @@ def gather(scope: Scope, path: str, depth: int = 0
     return entries, found
 
 
-def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str
-           ) -> Iterator[Finding]:
-    """The hook folder and the programs a config names, resolved as git resolves them."""
+def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str,
+           starts: list[str] | None = None) -> Iterator[Finding]:
+    """The hook folder and what the commands of a config name, resolved as git resolves
+    them: relative to ``worktree``, where git runs them, or to each of ``starts``."""
     for key in gitconfig.HOOK_FOLDERS:  # core.hooksPath; init.templateDir's hooks get copied
         values = [v for n, v in entries if n == key and v]
         path = gitconfig.expand(values[-1], scope.home) if values else None  # the last wins
         if path is not None:
             yield from _protect(scope, os.path.join(worktree, path),
                                 f"a folder of hooks git's config names ({key})", "dir")
-    for name, word in gitconfig.commands(entries):
-        path = gitconfig.expand(word, scope.home)
-        if path is not None and "/" in path:  # a bare name is looked up on PATH
-            yield from _protect(scope, os.path.join(worktree, path),
-                                f"a program git runs ({name})", "file")
-    # The command's other words that name a file: the script an interpreter runs
-    # (review 31: `core.pager = perl ~/dotfiles/bin/diff-highlight | less`); only those
-    # there at launch (an option like --x=a/b is no file, and gets no placeholder).
-    for name, word in gitconfig.command_paths(entries, scope.home):
-        path = gitconfig.expand(word, scope.home)
-        if path is None:
-            continue
-        spot = land(os.path.join(worktree, path), scope.roots, f"a file git's {name} names")
-        if spot.tree is None or spot.st is None:
-            continue
-        if stat.S_ISREG(spot.st.st_mode):
-            yield from _protect(scope, spot.path, f"a file a command git runs names ({name})",
-                                "file")
-        elif stat.S_ISDIR(spot.st.st_mode) and not name.startswith("alias."):
-            # A command that goes into a folder of a writable tree (`cd ~/dots && sh x`)
-            # may run any file there: which, corral cannot tell (review 32).  An alias
-            # runs only when the user calls it, as the project's own scripts do.
-            raise _refuse(spot.path, f"is a folder a command of git's {name} names",
-                          "git runs that command on the host, and it may run any file "
-                          "in the folder, which the sandbox can write")
+    for name, text in gitconfig.commands(entries):
+        # Every word, read as the shell reads it (reviews 31 to 33: a script an
+        # interpreter runs, `f''sm`, `fs\m`, `cd && sh x/fsm`, `sh fsm.sh` in the
+        # repository's top).  An alias runs only when the user calls it, as the project's
+        # own scripts do: only its words written as paths count, and nothing refuses.
+        alias = name.startswith("alias.")
+        reach = shellread.read(text, scope.home)
+        for start in starts or [worktree]:
+            for path, role, written in reach.paths:
+                if written or not alias:
+                    yield from _reached(scope, name, os.path.join(start, path), role, alias)
+        if reach.unknown and not alias:
+            _cannot_follow(scope, name, text, reach, starts or [worktree])
+
+
+def _reached(scope: Scope, name: str, path: str, role: str, alias: bool
+             ) -> Iterator[Finding]:
+    """One path a command names: a program is read-only (a placeholder where missing); a
+    file among its arguments is read-only, a missing one watched (the audit takes one made
+    during the run for a plant); a folder it goes into or is given refuses the run."""
+    if role == "program":
+        yield from _protect(scope, path, f"a program git runs ({name})", "file")
+        return
+    spot = land(path, scope.roots, f"a file git's {name} names")
+    if spot.tree is None:
+        return
+    if role == "folder" or (spot.st is not None and stat.S_ISDIR(spot.st.st_mode)):
+        if alias:
+            return
+        raise _refuse(spot.path, f"is a folder a command of git's {name} names",
+                      "git runs that command on the host, and it may run any file in the "
+                      "folder, which the sandbox can write")
+    if spot.st is None:
+        if not alias:
+            yield Finding(spot.path, "watch", "file", f"a file git's {name} names")
+    elif stat.S_ISREG(spot.st.st_mode):
+        yield from _protect(scope, spot.path, f"a file a command git runs names ({name})",
+                            "file")
+
+
+def _cannot_follow(scope: Scope, name: str, text: str, reach: shellread.Reach,
+                   starts: list[str]) -> None:
+    """Refuses a command git runs by itself that holds what corral cannot follow (a
+    glob, a variable, code given to an interpreter) when that may reach a writable tree:
+    which file it runs there, corral cannot tell, so it cannot keep it read-only."""
+    where = [] if reach.anywhere else [*starts, *(os.path.join(s, p) for s in starts
+                                                   for p in reach.prefixes)]
+    why = "where a command git runs starts"
+    if where and not any(land(p, scope.roots, why).tree is not None for p in where):
+        return
+    raise UsageError(f"git's {name} ({text!r}) holds {reach.unknown}, so corral cannot "
+                     "tell which files it runs", "git runs it on the host, outside the "
+                     "sandbox, and it may run a file the sandbox can write",
+                     "put the command in a script outside the project and name that "
+                     "script in the config, then start again")
 
 
 def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], list[Finding]]:

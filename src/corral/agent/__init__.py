@@ -101,6 +101,7 @@ class Layout(NamedTuple):
     modes: tuple[tuple[str, int], ...] = ()  # folders bwrap makes, and their modes inside
     hooks: tuple[str, ...] = ()  # the global config's relative core.hooksPath (the audit's)
     ptys: int = 0  # the sandbox's own devpts holds at most this many (0: no ptys)
+    watched: tuple[str, ...] = ()  # missing files git's commands name (the audit's)
 
     def entries(self) -> list[Entry]:
         """The whole layout, for ``--dry-run``: what is writable, read-only, hidden, and why."""
@@ -366,8 +367,9 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
                           import_state) if prepare else []
     # Only the user's own trees are scanned: nothing in corral's copy of the agent's state
     # runs outside corral, and nothing is mounted inside it (no mount point to create).
-    findings, expected, hooks = _protections(policy, home, writable, (uid, gid) if host.is_root
-                                             else None, dry_run=not prepare)
+    owner = (uid, gid) if host.is_root else None
+    findings, expected, hooks, watched = _protections(policy, home, writable, owner,
+                                                      dry_run=not prepare)
     needs, installs = program.needed(found, hidden, home, uid, gid)
     read_only = _read_only(policy, home, needs, host, hidden, writable)
     for e in read_only:  # an interpreter's installation holds its library, nobody's secrets
@@ -387,7 +389,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         hidden_files=tuple(f for f in HIDDEN_FILES if os.path.exists(f)),
         read_only=tuple(read_only), writable=all_writable, findings=tuple(findings),
         tmp_bytes=policy.limits.tmp_bytes, shm_bytes=policy.limits.shm_bytes,
-        notes=tuple(notes), modes=tuple(modes.items()), hooks=hooks,
+        notes=tuple(notes), modes=tuple(modes.items()), hooks=hooks, watched=watched,
         ptys=resolve.pty_bound(policy, host))
     config, seccomp_program = resolve.kernel_layers(policy, host, uid, gid,
                                                     [*(e.path for e in layout.writable),
@@ -411,7 +413,8 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
 
 def _protections(policy: Policy, home: str, writable: Sequence[Entry],
                  owner: tuple[int, int] | None, dry_run: bool
-                 ) -> tuple[list[Finding], list[list[object]], tuple[str, ...]]:
+                 ) -> tuple[list[Finding], list[list[object]], tuple[str, ...],
+                            tuple[str, ...]]:
     """What stays read-only, hidden or pinned inside the writable trees, and what the
     init checks of it from inside (see :mod:`corral.discover`)."""
     roots = Roots([fsops.Tree(e.path, owner) for e in writable if e.kind == "dir"])
@@ -426,12 +429,14 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
         findings += _listed_read_only(policy, home, writable)
         with fsops.acting_as(owner):
             findings += discover.home_links(scope, home)
-        findings = discover.with_parents(findings, scope)
+        # A missing file a command git runs names: nothing to mount, the audit's to watch
+        watched = tuple(f.path for f in findings if f.action == "watch")
+        findings = discover.with_parents([f for f in findings if f.action != "watch"], scope)
         expected = []
         for tree in roots.trees:  # each finding is checked from its nearest tree
             mine = [f for f in findings if (held := roots.find(f.path)) and held[0] is tree]
             expected += discover.verify_unchanged(tree, mine)
-        return findings, expected, repos.hook_folders(inherited)
+        return findings, expected, repos.hook_folders(inherited), watched
     finally:
         roots.close()
 

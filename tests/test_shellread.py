@@ -1,0 +1,94 @@
+"""corral.shellread: a command git runs, read as ``sh -c`` reads it.
+
+The words it makes of a text are checked against /bin/sh itself (generated texts of
+quotes, backslashes, ``~`` and ``$HOME``); what a command names, and what it cannot
+follow, against a table of the forms reviews 31 to 33 used to hide a script.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from corral import shellread
+
+HOME = "/home/u"
+PIECES = st.one_of(
+    st.text(alphabet="abc./-_=:%@+,", min_size=1, max_size=4),
+    st.builds(lambda t: f"'{t}'", st.text(alphabet="ab c/$;|\\\"", max_size=4)),
+    st.builds(lambda t: f'"{t}"', st.text(alphabet="ab c/;|'", max_size=4)),
+    st.sampled_from(["\\a", "\\ ", "\\;", "\\'", '"\\$"', '"\\\\"', "$HOME/", "${HOME}",
+                     '"$HOME"', "''", '""']))
+WORD = st.builds(lambda first, rest: first + "".join(rest),
+                 st.one_of(PIECES, st.sampled_from(["~/", "~"])), st.lists(PIECES, max_size=4))
+
+
+def words_of(text: str) -> list[str]:
+    out = []
+    for tok in shellread._Lexer(text, HOME, set()).tokens():
+        assert not isinstance(tok, str), tok
+        assert tok.known, tok
+        out.append(tok.text)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(WORD, min_size=1, max_size=4))
+def test_words_are_split_and_unquoted_as_sh_does(words: list[str]) -> None:
+    text = " ".join(words)
+    sh = subprocess.run(["/bin/sh", "-c", f"printf '%s\\0' {text}"], capture_output=True,
+                        env={"HOME": HOME, "PATH": "/usr/bin:/bin"}, check=True)
+    assert words_of(text) == sh.stdout.decode().split("\0")[:-1], text
+
+
+def named(command: str) -> list[str]:
+    return sorted({p for p, role, _ in shellread.read(command, HOME).paths})
+
+
+def test_what_a_command_names() -> None:
+    # Review 33's forms, and the ones before
+    assert named("sh ~/d/f''sm") == ["/home/u/d/fsm"]
+    assert named("sh ~/d/fs\\m") == ["/home/u/d/fsm"]
+    assert named("cd && sh d/fsm") == ["/home/u", "/home/u/d/fsm", "d/fsm"]
+    assert named("cd ~ && sh d/fsm") == ["/home/u", "/home/u/d/fsm", "d/fsm"]
+    assert named("sh fsm.sh") == named("perl fsm.sh") == ["fsm.sh"]
+    assert named('sh "${HOME}/x"') == named("sh $HOME/x") == ["/home/u/x"]
+    assert named("$HOME/x") == ["/home/u/x"]
+    assert "/home/u/x" in named("F=~/x && sh foo")
+    assert "fsm.sh" in named("sh -c 'sh fsm.sh'")
+    assert "fsm.sh" in named("eval sh fsm.sh")
+    assert "./x" in named("env FOO=1 nice -n 5 sh ./x")
+    assert named("sh < ./s") == ["./s"]
+    assert named("x | perl ~/bin/diff-highlight | less") == ["/home/u/bin/diff-highlight"]
+    # Data: what git gives, and what programs that run nothing print
+    assert named('meld "$LOCAL" "$REMOTE"') == []
+    assert named('f() { test "$1" = get && echo "password=$(cat ~/.t)"; }; f') == []
+    assert named("case $1 in get) sh x;; *) ;; esac") == ["x"]
+
+
+def test_what_it_cannot_follow_it_says() -> None:
+    def cannot(command: str) -> tuple[str, bool, tuple[str, ...]]:
+        r = shellread.read(command, HOME)
+        assert r.unknown, command
+        return r.unknown, r.anywhere, r.prefixes
+
+    assert cannot("sh ~/d/fs?") == ("a pattern the shell expands (?)", False, ("/home/u/d",))
+    assert cannot("sh *") == ("a pattern the shell expands (*)", False, ("",))
+    assert cannot("F=~/x && sh $F")[:2] == ("the variable $F, which the command sets", True)
+    assert cannot("sh $DOTS/fsm")[:2] == ("the variable $DOTS", True)
+    assert cannot("sh $(echo fsm.sh)")[:2] == ("the output of a command", True)
+    assert cannot("python3 -m watcher")[:2] == ("code given to python3", True)
+    assert cannot("perl -e 'do \"x\"'")[:2] == ("code given to perl", True)
+    assert cannot("echo 'sh fsm.sh' | sh")[:2] == ("sh running what a pipe gives it", True)
+    assert cannot("make fsmonitor")[:2] == ("make, which runs commands corral cannot read",
+                                            True)
+    assert cannot("sh <<EOF\nsh x\nEOF")[:2] == ("a here-document", True)
+    assert cannot("set -- ~/x; sh $1")[0] == "the variable $1, which the command sets"
+    # The control: plain commands hold nothing it cannot follow
+    for plain in ("less -FRX", "diff-so-fancy | less --tabs=4 -RFX", "code --wait",
+                  "ssh -i ~/.ssh/id -o IdentitiesOnly=yes", "git-lfs filter-process",
+                  'delta --features "side-by-side line-numbers"', "emacsclient -t -a ''",
+                  "[ -f x ] && true"):
+        assert shellread.read(plain, HOME).unknown == "", plain
