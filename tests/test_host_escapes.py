@@ -625,3 +625,43 @@ def test_a_reused_workspace_gets_its_git_back(who: Identity, how: str) -> None:
     ctl = who.run(["bwrap", "--ro-bind", "/", "/", "--bind", str(ws), str(ws), "--chdir",
                    str(ws), "--", "/bin/sh", "-c", plant.replace("sleep 60", "true")])
     assert ctl.returncode == 0 and "fsmonitor" in (ws / ".git" / "config").read_text()
+
+
+def test_a_reused_workspace_whose_corral_was_killed_is_audited_at_the_next_launch(
+        who: Identity) -> None:
+    """SIGKILL of corral (or the OOM killer) skips the audit of a reused workspace, and
+    nothing ever audited what that run planted: the next ``corral run`` with the same
+    runs directory audits it now, before its own census takes it in, as agent mode does."""
+    ws = who.tmp / "ws"
+    ws.mkdir()
+    git(ws, "init", "-q")
+    who.chown(ws)
+    hook = ws / ".git" / "hooks" / "pre-commit"
+    plant = "printf '#!/bin/sh\\n' > .git/hooks/pre-commit; echo PLANTED; sleep 60"
+
+    def killed(runs: str) -> None:
+        proc = subprocess.Popen([*who.prefix(), "-m", "corral", "run", "--workspace", str(ws),
+                                 "--", "/bin/sh", "-c", plant], cwd=who.tmp,
+                                env=who.environ({"CORRAL_RUNS_DIR": runs}),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "PLANTED"
+        proc.kill()  # no unwinding, no audit
+        proc.communicate(timeout=120)
+        assert hook.exists()  # the control: killed outright, nothing was audited
+
+    runs = str(who.tmp / "runs")
+    killed(runs)
+    nxt = who.corral("run", "--workspace", str(ws), "--", "/bin/true",
+                     env={"CORRAL_RUNS_DIR": runs})
+    assert nxt.returncode == 0, nxt
+    assert not hook.exists(), nxt.stderr
+    assert "audit was not done" in nxt.stderr, nxt.stderr
+    again = who.corral("run", "--workspace", str(ws), "--", "/bin/true",
+                       env={"CORRAL_RUNS_DIR": runs})
+    assert again.returncode == 0 and "audit was not done" not in again.stderr, again
+    # Control: a launch with another runs directory knows nothing of the killed run.
+    killed(runs)
+    other = who.corral("run", "--workspace", str(ws), "--", "/bin/true",
+                       env={"CORRAL_RUNS_DIR": str(who.tmp / "other-runs")})
+    assert other.returncode == 0 and hook.exists(), other

@@ -197,16 +197,19 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     # What it reads or writes by path is held too: inputs copied in, --ro paths, the runs
     # directory (review 7).
     reads = [*inputs, *(policy.read_only if policy is not None else ()), runs]
+    # What runs whose corral was SIGKILLed left unaudited, before the census takes it in
+    # (as agent mode does; the workspace is not held yet: recovering holds it itself).
+    recovered = pending.recover(runs, [workspace_dir]) if workspace_dir else []
     with workspace.held([workspace_dir] if workspace_dir else [], reads) as trees:
         inputs = [workspace.settled(p) for p in workspace.check_inputs(inputs)]
         return _run_command(argv, policy or Policy(), trees[0] if trees else None, inputs,
-                            capture, stdin, env, runs_dir, own_workspace)
+                            capture, stdin, env, runs_dir, own_workspace, recovered)
 
 
 def _run_command(argv: Sequence[str], policy: Policy, workspace_dir: str | None,
                  inputs: Sequence[str], capture: bool, stdin: bytes | None,
-                 env: Sequence[tuple[str, str]], runs_dir: str | None, own_workspace: bool
-                 ) -> Result:
+                 env: Sequence[tuple[str, str]], runs_dir: str | None, own_workspace: bool,
+                 recovered: Sequence[audit.Action] = ()) -> Result:
     _check_env(env)  # bad variables: refused before anything is created
     facts = host.detect()
     _check_network(policy)  # bad rules: refused before anything is created
@@ -235,10 +238,17 @@ def _run_command(argv: Sequence[str], policy: Policy, workspace_dir: str | None,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "status": "running",
         }
         workspace.write_record(run_dir.record_path, record)
-        actions: list[audit.Action] = []
+        actions: list[audit.Action] = list(recovered)
         exported: dict[str, object] = {}
+        # A reused workspace's census is owed until its audit has run to its end: a corral
+        # killed outright (SIGKILL, the OOM killer) leaves it for the next launch with the
+        # same runs directory (pending.recover above), as in agent mode.
+        owed = None if run_dir.fresh else pending.owe(
+            runs_dir or workspace.default_runs_dir(), run_dir.run_id, census, run_dir.root,
+            [run_dir.workspace])
         try:
-            with audit.audited(census, workspace.quarantine(run_dir.root), actions):
+            with audit.audited(census, workspace.quarantine(run_dir.root), actions,
+                               done=lambda: pending.settle(owed)):
                 try:
                     limited, denials, record["egress_log"] = _execute(
                         sb, policy, facts, cg_plan, run_dir.run_id, run_dir.workspace,
