@@ -61,6 +61,13 @@ def test_what_a_command_names() -> None:
     assert "fsm.sh" in named("eval sh fsm.sh")
     assert "./x" in named("env FOO=1 nice -n 5 sh ./x")
     assert named("sh < ./s") == ["./s"]
+    assert named("python3 ~/x.py") == ["/home/u/x.py"]
+    # An argument a program may run as a command in turn
+    assert "fsm.sh" in named("less '+!sh fsm.sh'")
+    assert "fsm.sh" in named("vim -c '!sh fsm.sh'")
+    assert "fsm.sh" in named("ssh -o 'ProxyCommand sh fsm.sh'")
+    assert "./x" in named("ssh -oProxyCommand=./x")
+    assert "./x" in named("less +!./x")
     assert named("x | perl ~/bin/diff-highlight | less") == ["/home/u/bin/diff-highlight"]
     # Data: what git gives, and what programs that run nothing print
     assert named('meld "$LOCAL" "$REMOTE"') == []

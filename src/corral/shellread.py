@@ -30,7 +30,7 @@ REDIRECTS = {"<", ">", ">>", "<&", ">&", "<>", ">|"}
 # Programs that run no argument as code nor open one as a script: their words are data.
 PLAIN = {"echo", "printf", "test", "[", "true", "false", ":", "exit", "return", "read",
          "shift", "sleep", "unset", "wait", "export", "local", "readonly", "cat", "tr",
-         "head", "tail", "less", "more", "grep"}
+         "head", "tail"}
 RESERVED = {"{", "}", "!", "if", "then", "else", "elif", "fi", "do", "done", "while",
             "until", "for", "in", "function"}
 SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "yash", "posh"}
@@ -383,9 +383,9 @@ class _Reader:
         runs: list[str] = []
         code_next, script = False, False
         for a in args:
-            self.name(a, "argument")
-            if "=" in a.text and a.known:  # --rcfile=x: the value may name a file too
-                self.name(a._replace(text=a.text.partition("=")[2]), "argument")
+            if a.known and not a.data:
+                code = self.argument(a)  # (an interpreter's code is not sh: refused below)
+                runs += code if kind != "interpreter" else []
             if not a.known or a.data:
                 if not a.data and kind:
                     self.cannot(a.opaque, a)
@@ -406,6 +406,23 @@ class _Reader:
                 script = True
         if piped and kind in ("shell", "interpreter") and not script:
             self.cannot(f"{base} running what a pipe gives it")
+        return runs
+
+    def argument(self, word: _Word) -> list[str]:
+        """Names an argument, and each piece of it after a ``=``, ``!``, ``:``, ``,``,
+        ``@`` or ``+`` (``--rcfile=x``, ``less +!x``, ``-oProxyCommand=x``); returns the
+        pieces that hold blanks, which a program may run as a command in turn
+        (``less '+!sh x'``, ``vim -c '!sh x'``, ``ssh -o 'ProxyCommand sh x'``)."""
+        pieces = [word.text]
+        for mark in "=!:,@+":
+            pieces += [p for whole in pieces for p in whole.split(mark)[1:]]
+        runs = []
+        for piece in dict.fromkeys(pieces):
+            if any(ch in piece for ch in " \t\n"):
+                runs.append(piece)
+            elif piece:
+                self.name(word._replace(text=piece, slash=word.slash or "/" in piece),
+                          "argument")
         return runs
 
     def tilde(self, text: str) -> str:
