@@ -1441,18 +1441,22 @@ def test_a_command_is_read_as_the_shell_reads_it(who: Identity) -> None:
         os.environ.update(GIT_CONFIG_GLOBAL=os.path.join(base, "gc"), HOME=home)
         forms = {{"concat": ("sh f''sm", "fsm"), "bslash": ("sh fs\\\\\\\\m", "fsm"),
                   "bare": ("sh fsm.sh", "fsm.sh"), "cd": ("cd ~ && sh dots/fsm", "../dots/fsm"),
-                  "late": ("sh late.sh", None)}}
+                  "late": ("sh late.sh", None),
+                  # review 34: a backslash-newline, a PATH the command sets, env -S
+                  "bsnl": ("sh fs\\\\\\\\\\\\nm.sh", "fsm.sh"),
+                  "path": ("PATH=.:/usr/bin:/bin fsm.sh", "fsm.sh"),
+                  "envs": ("env -S 'sh fsm.sh'", "fsm.sh")}}
         for name, (command, script) in forms.items():
             git(top, "init", "-q", name)
             with open(os.path.join(top, name, ".git/config"), "a") as f:
                 f.write(f"[core]\\n\\tfsmonitor = {{command}}\\n")
             if script:
-                write(os.path.join(top, name, script), "exit 1\\n", 0o644)
+                write(os.path.join(top, name, script), "exit 1\\n")
         census = audit.census_of_tree(top, None, audit.protected_names())
         later()
         for name, (command, script) in forms.items():
             write(os.path.join(top, name, script or "late.sh"),
-                  f"touch {{marks}}/{{name}}; exit 1\\n", 0o644)
+                  f"touch {{marks}}/{{name}}; exit 1\\n")
         def host():
             for name in forms:
                 subprocess.run(["git", "-c", "safe.directory=*", "status"],
@@ -1461,20 +1465,29 @@ def test_a_command_is_read_as_the_shell_reads_it(who: Identity) -> None:
         before = host()
         actions = audit.Auditor(census, lambda: q).run()
         after = host()
-        git(top, "init", "-q", "glob")
-        with open(os.path.join(top, "glob/.git/config"), "a") as f:
-            f.write("[core]\\n\\tfsmonitor = sh fs?\\n")
-        try:
-            audit.census_of_tree(top, None, audit.protected_names())
-            refused = ""
-        except UsageError as e:
-            refused = str(e)
+        refused = []  # each alone: a glob, parameters the command sets, a python script
+        for name, command in (("glob", "sh fs?"), ("own", "sh -c 'sh \\"$0$1\\"' fs m.sh"),
+                              ("py", "python3 fsm.py")):
+            git(top, "init", "-q", name)
+            write(os.path.join(top, name, "fsm.py"), "")
+            with open(os.path.join(top, name, ".git/config"), "a") as f:
+                f.write(f"[core]\\n\\tfsmonitor = {{command}}\\n")
+            try:
+                audit.census_of_tree(top, None, audit.protected_names())
+                refused.append("")
+            except UsageError as e:
+                refused.append(str(e))
+            subprocess.run(["rm", "-rf", os.path.join(top, name)], check=True)
         print(json.dumps({{"before": before, "after": after, "refused": refused,
                           "did": sorted(os.path.relpath(a.path, top) for a in actions
                                         if a.did == "quarantined")}}))
     """)
-    assert r["before"] == ["bare", "bslash", "cd", "concat", "late"], r  # the control
+    assert r["before"] == ["bare", "bslash", "bsnl", "cd", "concat", "envs", "late",
+                           "path"], r  # the control
     assert r["after"] == [], r
-    assert r["did"] == ["bare/fsm.sh", "bslash/fsm", "concat/fsm", "dots/fsm",
-                        "late/late.sh"], r
-    assert "holds a pattern the shell expands (?)" in r["refused"], r
+    assert r["did"] == ["bare/fsm.sh", "bslash/fsm", "bsnl/fsm.sh", "concat/fsm", "dots/fsm",
+                        "envs/fsm.sh", "late/late.sh", "path/fsm.sh"], r
+    glob, own, py = r["refused"]
+    assert "holds a pattern the shell expands (?)" in glob, r
+    assert "holds the variable $0, which the command sets" in own, r
+    assert "imports from the script's folder" in py, r

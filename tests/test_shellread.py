@@ -68,6 +68,17 @@ def test_what_a_command_names() -> None:
     assert "fsm.sh" in named("ssh -o 'ProxyCommand sh fsm.sh'")
     assert "./x" in named("ssh -oProxyCommand=./x")
     assert "./x" in named("less +!./x")
+    # Review 34: a backslash-newline, env -S, a PATH the command sets, env --chdir=
+    assert named("sh fs\\\nm.sh") == ["fsm.sh"]
+    assert "fsm.sh" in named("env -S 'sh fsm.sh'")
+    assert "/home/u/d/bin/fsm" in named("env -S 'sh ${HOME}/d/bin/fsm'")
+    assert "./fsm.sh" in named("PATH=.:/usr/bin:/bin fsm.sh")
+    assert "/home/u/d/bin/fsm" in named("env PATH=~/d/bin:/bin fsm")
+    assert "sub" in named("env --chdir=sub sh fsm.sh")
+    roles = {(p, role) for p, role, _ in shellread.read("python3 fsm.py", HOME).paths}
+    assert ("fsm.py", "script") in roles
+    assert not any(role == "script" for _, role, _ in
+                   shellread.read("python3 -P fsm.py", HOME).paths)
     assert named("x | perl ~/bin/diff-highlight | less") == ["/home/u/bin/diff-highlight"]
     # Data: what git gives, and what programs that run nothing print
     assert named('meld "$LOCAL" "$REMOTE"') == []
@@ -86,13 +97,20 @@ def test_what_it_cannot_follow_it_says() -> None:
     assert cannot("F=~/x && sh $F")[:2] == ("the variable $F, which the command sets", True)
     assert cannot("sh $DOTS/fsm")[:2] == ("the variable $DOTS", True)
     assert cannot("sh $(echo fsm.sh)")[:2] == ("the output of a command", True)
-    assert cannot("python3 -m watcher")[:2] == ("code given to python3", True)
+    assert cannot("python3 -m watcher")[1] and cannot("python3 -c x")[:2] == (
+        "code given to python3", True)
     assert cannot("perl -e 'do \"x\"'")[:2] == ("code given to perl", True)
     assert cannot("echo 'sh fsm.sh' | sh")[:2] == ("sh running what a pipe gives it", True)
     assert cannot("make fsmonitor")[:2] == ("make, which runs commands corral cannot read",
                                             True)
     assert cannot("sh <<EOF\nsh x\nEOF")[:2] == ("a here-document", True)
     assert cannot("set -- ~/x; sh $1")[0] == "the variable $1, which the command sets"
+    assert cannot("sh -c 'sh \"$0$1\"' fs m.sh")[0] == \
+        "the variable $0, which the command sets"
+    assert cannot('f() { sh "$1$2"; }; f fs m.sh')[0] == \
+        "the variable $1, which the command sets"
+    assert cannot("python3 -m nbstripout")[0].startswith("python3 -m, which imports")
+    assert shellread.read("python3 -P -m nbstripout -t", HOME).unknown == ""
     # The control: plain commands hold nothing it cannot follow
     for plain in ("less -FRX", "diff-so-fancy | less --tabs=4 -RFX", "code --wait",
                   "ssh -i ~/.ssh/id -o IdentitiesOnly=yes", "git-lfs filter-process",

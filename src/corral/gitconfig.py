@@ -48,6 +48,9 @@ COMMAND_KEYS = {
     ("sendemail", False, "sendmailcmd"), ("sendemail", True, "sendmailcmd"),
     ("browser", True, "cmd"), ("browser", True, "path"), ("man", True, "cmd"),
     ("man", True, "path"), ("submodule", True, "update"),
+    # Review 34: run by fetch and push with alternates, imap-send, git gui, instaweb
+    ("core", False, "alternaterefscommand"), ("imap", False, "tunnel"),
+    ("guitool", True, "cmd"), ("instaweb", False, "httpd"), ("gui", False, "editor"),
 }
 COMMAND_SECTIONS = ("alias", "pager")  # every key of these is a command (or may be)
 # Keys whose values are folders git copies or runs hooks from.

@@ -406,6 +406,11 @@ def _reached(scope: Scope, name: str, path: str, role: str, alias: bool
     spot = land(path, scope.roots, f"a file git's {name} names")
     if spot.tree is None:
         return
+    if role == "script" and spot.st is not None and not alias:
+        raise _refuse(spot.path, f"is a script git's {name} runs with an interpreter that "
+                      "imports from the script's folder",
+                      "a module the sandbox plants beside it would run on the host (python "
+                      "-P or -I does not look there)")
     if role == "folder" or (spot.st is not None and stat.S_ISDIR(spot.st.st_mode)):
         if alias:
             return
@@ -433,8 +438,8 @@ def _cannot_follow(scope: Scope, name: str, text: str, reach: shellread.Reach,
     raise UsageError(f"git's {name} ({text!r}) holds {reach.unknown}, so corral cannot "
                      "tell which files it runs", "git runs it on the host, outside the "
                      "sandbox, and it may run a file the sandbox can write",
-                     "put the command in a script outside the project and name that "
-                     "script in the config, then start again")
+                     "write the command so that it names every file it runs (python -P "
+                     "-m, not python -m), or leave it out of that config, then start again")
 
 
 def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], list[Finding]]:

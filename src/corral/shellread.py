@@ -60,7 +60,9 @@ class Reach(NamedTuple):
     ``anywhere`` says that may be any path, else only a path beneath one of ``prefixes``
     (the folder a glob is in, relative or absolute) or the folders the command is in."""
 
-    paths: tuple[tuple[str, str, bool], ...]  # (path, role, written with a "/" or "~")
+    # (path, role, written with a "/" or "~"); role: "program", "argument", "folder" (a
+    # cd's), "script" (python's or node's: its folder is searched for modules)
+    paths: tuple[tuple[str, str, bool], ...]
     unknown: str = ""
     anywhere: bool = False
     prefixes: tuple[str, ...] = ()
@@ -143,8 +145,8 @@ class _Lexer:
                         parts.append(d)
                         self.i += 1
                 self.i += 1
-            elif c == "\\":
-                parts.append(s[self.i + 1:self.i + 2])
+            elif c == "\\":  # (a backslash-newline is taken out, as a line joined)
+                parts.append(s[self.i + 1:self.i + 2].replace("\n", ""))
                 self.i += 2
             elif c in "$`":
                 self._expansion(parts)
@@ -270,8 +272,10 @@ def _assigned(text: str) -> set[str]:
             names.add(left)
         if w in ("read", "for", "getopts", "local", "export", "readonly", "select"):
             names.update(x for x in split[i + 1:i + 4] if _name(x))
-        if w in ("set", "shift"):
-            names.add("set")
+        if w in ("set", "shift", "function"):
+            names.add("set")  # $1...: the command's own (set --, a function's)
+    if "()" in text.replace(" ", "").replace("\t", ""):
+        names.add("set")
     return names
 
 
@@ -287,6 +291,7 @@ class _Reader:
         self.prefixes: list[str] = []
         self.unknown, self.anywhere = "", False
         self.bases = [""]
+        self.path: list[str] = []  # folders a PATH the command sets adds ("" is its own)
 
     def reach(self) -> Reach:
         return Reach(tuple(dict.fromkeys(self.paths)), self.unknown, self.anywhere,
@@ -305,11 +310,14 @@ class _Reader:
             self.prefixes += [os.path.dirname(os.path.join(b, word.text)) or b
                               for b in self.bases]
 
-    def read(self, command: str, depth: int) -> Reach:
+    def read(self, command: str, depth: int, own_parameters: bool = False) -> Reach:
+        """``own_parameters``: a ``sh -c`` string, whose ``$0``, ``$1``... are what the
+        command itself passes it, not git (review 34: ``sh -c 'sh "$0$1"' fs m.sh``)."""
         if depth > MAX_DEPTH:
             self.cannot("commands nested too deep")
             return self.reach()
-        lexer = _Lexer(command, self.home, self.assigned)
+        assigned = self.assigned | {"set"} if own_parameters else self.assigned
+        lexer = _Lexer(command, self.home, assigned)
         tokens = lexer.tokens()
         if lexer.heredoc:
             self.cannot("a here-document")
@@ -339,7 +347,7 @@ class _Reader:
             if case and tok == ")":
                 case, words = False, []
             for text in self.command(words, piped):
-                self.read(text, depth + 1)
+                self.read(text, depth + 1, own_parameters=True)
             words, piped = [], tok == "|"
         for text in lexer.inner:
             self.read(text, depth + 1)
@@ -348,6 +356,9 @@ class _Reader:
     def command(self, words: list[_Word], piped: bool) -> list[str]:
         """One simple command: names its words, moves the bases on a ``cd``; returns the
         texts it runs as commands in turn (``sh -c TEXT``, ``eval``)."""
+        for w in words:  # PATH=dir prog, env PATH=dir prog, export PATH=dir: where a bare
+            if w.known and w.text.startswith("PATH="):  # program is looked up (review 34)
+                self.path += [self.tilde(d) for d in w.text[5:].split(":") if "$" not in d]
         i = 0
         while i < len(words) and ((words[i].known and words[i].text in RESERVED)
                                   or _assignment(words[i].text)):
@@ -366,13 +377,15 @@ class _Reader:
             return []
         if program.slash:
             self.name(program, "program")
+        else:
+            self.on_path(program)
         base = os.path.basename(program.text)
         if base in WRAPPERS:  # what they run is the first word that is a program corral knows
             for k, a in enumerate(args):
-                if a.known and not a.data and (a.slash or _kind(os.path.basename(a.text))):
-                    for w in args[:k]:
-                        self.name(w, "argument")
-                    return self.command(args[k:], piped)
+                if a.known and not a.data and not _blank(a.text) and (
+                        a.slash or _kind(os.path.basename(a.text))):
+                    before = [r for w in args[:k] if w.known for r in self.argument(w)]
+                    return before + self.command(args[k:], piped)
         kind = _kind(base)
         if kind == "runner":
             self.cannot(f"{base}, which runs commands corral cannot read")
@@ -382,8 +395,20 @@ class _Reader:
             return []  # (what they print goes to git, or to a pipe read below)
         runs: list[str] = []
         code_next, script = False, False
+        # Python puts a script's folder first on its import path, and node looks for
+        # modules in the folders above a script: a planted json.py or node_modules beside
+        # it runs (review 34).  Not with python -P or -I.
+        safe = base.startswith(("python", "pypy")) and any(
+            a.known and a.text[:2] != "--" and a.text[:1] == "-" and set(a.text[1:]) & {"P", "I"}
+            for a in args)
+        neighbours = not safe and (base.startswith(("python", "pypy")) or base in (
+            "node", "nodejs", "deno", "bun"))
         for a in args:
             if a.known and not a.data:
+                if neighbours and not a.text.startswith("-"):
+                    self.name(a, "script")
+                else:
+                    self.path_word(a)
                 code = self.argument(a)  # (an interpreter's code is not sh: refused below)
                 runs += code if kind != "interpreter" else []
             if not a.known or a.data:
@@ -399,9 +424,13 @@ class _Reader:
             elif kind == "shell" and a.text.startswith("-") and not a.text.startswith("--") \
                     and "c" in a.text:
                 code_next = True
+            elif kind == "interpreter" and a.text == "-m" and safe:
+                pass  # (a module from the import path, without the folder it runs in)
             elif kind == "interpreter" and (a.text in CODE_OPTIONS or any(
                     ch in CODE_MARKS for ch in a.text)):
-                self.cannot(f"code given to {base}")
+                self.cannot(f"code given to {base}" if a.text != "-m" else
+                            f"{base} -m, which imports from the folder git runs it in "
+                            f"(unless {base} -P)")
             elif not a.text.startswith("-"):
                 script = True
         if piped and kind in ("shell", "interpreter") and not script:
@@ -418,12 +447,24 @@ class _Reader:
             pieces += [p for whole in pieces for p in whole.split(mark)[1:]]
         runs = []
         for piece in dict.fromkeys(pieces):
-            if any(ch in piece for ch in " \t\n"):
+            if _blank(piece):
                 runs.append(piece)
             elif piece:
-                self.name(word._replace(text=piece, slash=word.slash or "/" in piece),
-                          "argument")
+                self.path_word(word._replace(text=piece, slash=word.slash or "/" in piece))
         return runs
+
+    def path_word(self, word: _Word) -> None:
+        """An argument: a file by its name, and, bare, a program on the PATH the command
+        sets (``env PATH=~/bin fsm``)."""
+        self.name(word, "argument")
+        if not word.slash:
+            self.on_path(word)
+
+    def on_path(self, word: _Word) -> None:
+        if word.known and not word.data and word.text:
+            for d in self.path:
+                self.name(word._replace(text=os.path.join(d, word.text), slash=True),
+                          "argument")
 
     def tilde(self, text: str) -> str:
         """An assignment's value as the shell expands a ``~`` at its start."""
@@ -446,6 +487,10 @@ class _Reader:
         self.name(target, "folder")
         self.bases += [os.path.join(b, target.text) for b in before]
         return []
+
+
+def _blank(text: str) -> bool:
+    return any(ch in text for ch in " \t\n")
 
 
 def _kind(base: str) -> str:
