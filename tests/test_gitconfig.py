@@ -107,6 +107,13 @@ def test_commands_and_paths_git_would_run_or_follow() -> None:
     assert list(gitconfig.commands(entries)) == [
         ("core.fsmonitor", "./fsmon.sh --x"), ("core.pager", "less"),
         ("alias.st", "tools/st.sh"), ("diff.x.textconv", "bin/conv")]
+    # An ext:: URL is a command (review 35), wherever git takes a URL from
+    entries = gitconfig.parse(b'[remote "o"]\n\turl = ext::sh fsm.sh\n\tpushurl = ext::x\n'
+                              b'[url "ext::sh y "]\n\tinsteadOf = https://h/\n'
+                              b'[remote "p"]\n\turl = https://h/r\n')
+    assert list(gitconfig.commands(entries)) == [
+        ("remote.o.url", "sh fsm.sh"), ("remote.o.pushurl", "x"),
+        ("url.ext::sh y .insteadof", "sh y")]
     assert gitconfig.expand("~/a", "/home/u") == "/home/u/a"
     assert gitconfig.expand("%(prefix)/etc", "/home/u") is None
     assert gitconfig.expand("rel/a", "/home/u") == "rel/a"

@@ -75,6 +75,10 @@ def test_what_a_command_names() -> None:
     assert "./fsm.sh" in named("PATH=.:/usr/bin:/bin fsm.sh")
     assert "/home/u/d/bin/fsm" in named("env PATH=~/d/bin:/bin fsm")
     assert "sub" in named("env --chdir=sub sh fsm.sh")
+    for joined in ("env -Csub sh fsm.sh", "env -C sub sh fsm.sh", "sudo -D sub sh fsm.sh"):
+        r = shellread.read(joined, HOME)
+        assert ("sub", "folder") in {(p, role) for p, role, _ in r.paths}, joined
+        assert "sub/fsm.sh" in named(joined), joined
     roles = {(p, role) for p, role, _ in shellread.read("python3 fsm.py", HOME).paths}
     assert ("fsm.py", "script") in roles
     assert not any(role == "script" for _, role, _ in
@@ -110,6 +114,12 @@ def test_what_it_cannot_follow_it_says() -> None:
     assert cannot('f() { sh "$1$2"; }; f fs m.sh')[0] == \
         "the variable $1, which the command sets"
     assert cannot("python3 -m nbstripout")[0].startswith("python3 -m, which imports")
+    # Review 35: where dash ends a $(...) a case or a comment decides; an alias is read
+    # again later; CDPATH moves a cd
+    for hidden in ('echo "$(case x in x) sh fsm.sh;; esac)"', 'echo "$(#)\nsh fsm.sh)"'):
+        assert cannot(hidden)[:2] == ("a case or a comment inside $(...)", True)
+    assert cannot("alias f=\"sh 'fs\"\nf;m.sh'")[1]
+    assert cannot("CDPATH=/x cd bin && sh f")[0] == "a cd that CDPATH may send elsewhere"
     assert shellread.read("python3 -P -m nbstripout -t", HOME).unknown == ""
     # The control: plain commands hold nothing it cannot follow
     for plain in ("less -FRX", "diff-so-fancy | less --tabs=4 -RFX", "code --wait",

@@ -238,6 +238,14 @@ def commands(entries: list[tuple[str, str | None]]) -> Iterator[tuple[str, str]]
     alias's ``!`` taken off); :mod:`corral.shellread` reads what the text names."""
     for name, value in entries:
         section, sub, key = split_name(name)
+        # An ext:: URL is a command git-remote-ext runs (with protocol.ext.allow): in a
+        # remote's or submodule's URL, or as what url.<ext::...>.insteadOf puts in
+        # (review 35: `remote.origin.url = ext::sh fsm.sh` ran on fetch)
+        url = value if key in ("url", "pushurl") and section in ("remote", "submodule") \
+            else sub if section == "url" and key in ("insteadof", "pushinsteadof") else None
+        if url and url.startswith("ext::") and url[5:].strip():
+            yield name, url[5:].strip()
+            continue
         command = section in COMMAND_SECTIONS or (section, sub is not None, key) in COMMAND_KEYS
         if not command or value is None or (name == "core.fsmonitor" and is_bool(value)):
             continue

@@ -41,7 +41,10 @@ INTERPRETERS = {"perl", "ruby", "node", "nodejs", "php", "lua", "luajit", "tclsh
 CODE_OPTIONS = {"-c", "-m", "-e", "-E", "-r", "-p", "--eval", "--print", "-x"}
 # Programs that run commands built from their input or arguments: never followed.
 RUNNERS = {"sed", "awk", "gawk", "mawk", "nawk", "busybox", "xargs", "find", "parallel",
-           "watch", "make", "gmake", "npm", "npx", "yarn", "pnpm", "trap"}
+           "watch", "make", "gmake", "npm", "npx", "yarn", "pnpm", "trap",
+           # an alias is text the shell reads again, later (review 35); bash's enable -f
+           # loads a builtin from a file
+           "alias", "enable"}
 # Programs that run the program among their arguments.
 WRAPPERS = {"env", "exec", "command", "builtin", "nohup", "timeout", "nice", "ionice",
             "sudo", "doas", "time", "stdbuf", "setsid", "chrt", "taskset", "unbuffer",
@@ -87,6 +90,7 @@ class _Lexer:
         self.s, self.i, self.home, self.assigned = text, 0, home, assigned
         self.inner: list[str] = []  # command substitutions' texts, read as commands too
         self.heredoc = False
+        self.fatal = ""  # what makes the whole command one corral cannot read
 
     def tokens(self) -> list[_Word | str]:
         out: list[_Word | str] = []
@@ -184,7 +188,14 @@ class _Lexer:
         nxt = s[self.i + 1:self.i + 2]
         if nxt == "(":
             end = _closing(s, self.i + 1)
-            self.inner.append(s[self.i + 2:end])
+            inner = s[self.i + 2:end]
+            # Where dash ends it, a case's patterns and a comment decide (review 35:
+            # `$(case x in x) sh f;; esac)`, `$(#)` then a line): corral does not parse
+            # those, so it says it cannot tell.
+            if "case" in _plain_words(inner) or any(w.startswith("#")
+                                                    for w in _plain_words(inner)):
+                self.fatal = self.fatal or "a case or a comment inside $(...)"
+            self.inner.append(inner)
             self.i = end + 1
             return self._cannot("the output of a command")
         if nxt == "{":
@@ -249,6 +260,12 @@ def _closing(s: str, i: int, open_: str = "(", close: str = ")") -> int:
                 return j
         j += 1
     return len(s)
+
+
+def _plain_words(text: str) -> list[str]:
+    for mark in ";&|()<>\n\t":
+        text = text.replace(mark, " ")
+    return text.split()
 
 
 def _home_of(user: str) -> str | None:
@@ -321,6 +338,8 @@ class _Reader:
         tokens = lexer.tokens()
         if lexer.heredoc:
             self.cannot("a here-document")
+        if lexer.fatal:
+            self.cannot(lexer.fatal)
         words: list[_Word] = []
         redirect, piped, case = False, False, False
         for tok in [*tokens, ";"]:
@@ -381,6 +400,7 @@ class _Reader:
             self.on_path(program)
         base = os.path.basename(program.text)
         if base in WRAPPERS:  # what they run is the first word that is a program corral knows
+            self.chdir_option(base, args)
             for k, a in enumerate(args):
                 if a.known and not a.data and not _blank(a.text) and (
                         a.slash or _kind(os.path.basename(a.text))):
@@ -443,6 +463,8 @@ class _Reader:
         pieces that hold blanks, which a program may run as a command in turn
         (``less '+!sh x'``, ``vim -c '!sh x'``, ``ssh -o 'ProxyCommand sh x'``)."""
         pieces = [word.text]
+        if word.text[:1] == "-" and word.text[1:2].isalpha() and word.text[:2] != "--":
+            pieces.append(word.text[2:])  # -Csub, -ofile: a short option's joined value
         for mark in "=!:,@+":
             pieces += [p for whole in pieces for p in whole.split(mark)[1:]]
         runs = []
@@ -452,6 +474,25 @@ class _Reader:
             elif piece:
                 self.path_word(word._replace(text=piece, slash=word.slash or "/" in piece))
         return runs
+
+    def chdir_option(self, base: str, args: list[_Word]) -> None:
+        """``env -C DIR``, ``-CDIR``, ``--chdir=DIR``; ``sudo -D``, ``--chdir``: the
+        program runs in DIR, as after a ``cd`` (review 35: ``env -Csub sh f``)."""
+        short = {"env": "-C", "sudo": "-D"}.get(base)
+        if short is None:
+            return
+        for k, a in enumerate(args):
+            if not a.known:
+                continue
+            target = None
+            if a.text in (short, "--chdir") and k + 1 < len(args):
+                target = args[k + 1]
+            elif a.text.startswith(short) and a.text != short:
+                target = a._replace(text=a.text[2:])
+            elif a.text.startswith("--chdir="):
+                target = a._replace(text=a.text[len("--chdir="):])
+            if target is not None:
+                self.cd([target])
 
     def path_word(self, word: _Word) -> None:
         """An argument: a file by its name, and, bare, a program on the PATH the command
@@ -483,6 +524,9 @@ class _Reader:
             return []
         else:
             target = targets[0]
+        if ("CDPATH" in self.assigned or os.environ.get("CDPATH")) and not (
+                target.text.startswith(("/", "./", "../")) or target.text in (".", "..")):
+            self.cannot("a cd that CDPATH may send elsewhere")
         before = list(self.bases)
         self.name(target, "folder")
         self.bases += [os.path.join(b, target.text) for b in before]
