@@ -897,3 +897,34 @@ def test_a_file_a_command_names_made_during_the_run_is_a_plant(who: Identity, la
     naive(who, lab, plant, cwd=p)
     _host_git(who, p, "status")
     assert marker.read_text() == "ran\n"
+
+
+def test_what_an_hg_repositorys_hooks_run_stays_read_only(who: Identity, lab: Lab) -> None:
+    """The class of reviews 30 to 35 in Mercurial: a repository's ``[hooks]`` run
+    ``sh fsm.sh`` from its root on every ``hg status``; the agent rewrote it and host hg
+    ran it.  Now it is read-only inside.  Control: the naive sandbox rewrites it, and
+    host hg runs it."""
+    marker = who.tmp / f"hg-{uuid.uuid4().hex[:8]}"
+
+    def project() -> Path:
+        p = _plain_project(lab)
+        subprocess.run(["hg", "init", str(p)], check=True, capture_output=True)
+        (p / ".hg" / "hgrc").write_text("[hooks]\npre-status.x = sh fsm.sh\n")
+        (p / "fsm.sh").write_text("true\n")
+        lab.own(p)
+        return p
+
+    def host(p: Path) -> None:
+        who.run(["hg", "--config", "ui.username=t", "--config", "trusted.users=*", "status"], cwd=p,
+                env={"HGRCPATH": ""})
+
+    plant = f"printf 'echo ran > {marker}\\n' > fsm.sh; echo PLANTED"
+    p = project()
+    r = agent(who, lab, plant, cwd=p)
+    host(p)
+    assert not marker.exists(), r
+    assert (p / "fsm.sh").read_text() == "true\n", r
+    p = project()  # Control
+    naive(who, lab, plant, cwd=p)
+    host(p)
+    assert marker.read_text() == "ran\n"

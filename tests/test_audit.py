@@ -1491,3 +1491,39 @@ def test_a_command_is_read_as_the_shell_reads_it(who: Identity) -> None:
     assert "holds a pattern the shell expands (?)" in glob, r
     assert "holds the variable $0, which the command sets" in own, r
     assert "imports from the script's folder" in py, r
+
+
+def test_what_an_hg_config_names_is_audited_as_gits_is(who: Identity) -> None:
+    """Review 30 (f3) and the class of reviews 31 to 35: Mercurial runs its hooks on
+    ``hg status``; what its repository config names (``sh fsm.sh``, relative to the
+    repository's root), what it ``%include``s from the workspace, and a hook that file
+    adds were not followed, and host hg ran what the run wrote.  Control: before the
+    audit host hg runs every plant."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top, q, marks = workspace(base)
+        os.environ["HOME"] = base
+        repo = os.path.join(top, "r")
+        assert hg(top, "init", "r").returncode == 0
+        write(os.path.join(repo, ".hg/hgrc"), "%include ../../tools/hg.rc\\n"
+              "[hooks]\\npre-status.a = sh fsm.sh\\n", 0o644)
+        write(os.path.join(top, "tools/hg.rc"), "[ui]\\nusername = t\\n", 0o644)
+        write(os.path.join(repo, "fsm.sh"), "true\\n", 0o644)
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        write(os.path.join(repo, "fsm.sh"), f"touch {{marks}}/fsm\\n", 0o644)
+        with open(os.path.join(top, "tools/hg.rc"), "a") as f:
+            f.write(f"[hooks]\\npre-status.b = touch {{marks}}/include\\n")
+        def host():
+            hg(repo, "status")
+            return taken(marks)
+        before = host()
+        actions = audit.Auditor(census, lambda: q).run()
+        after = host()
+        print(json.dumps({{"before": before, "after": after,
+                          "did": sorted(os.path.relpath(a.path, top) for a in actions
+                                        if a.did == "quarantined")}}))
+    """)
+    assert r["before"] == ["fsm", "include"], r  # the control: host hg runs both
+    assert r["after"] == [], r
+    assert r["did"] == ["r/fsm.sh", "tools/hg.rc"], r

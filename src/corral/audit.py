@@ -261,7 +261,8 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
             with small.suppress(OSError):
                 st = os.lstat(path)
                 folders[path] = (st.st_dev, st.st_ino)
-        named, hook_folders = _config_named(tree, owner, gitdirs, linked, gitfiles)
+        hgrcs = [p for p in protected if p.endswith(("/.hg/hgrc", "/.hg/hgrc-not-shared"))]
+        named, hook_folders = _config_named(tree, owner, gitdirs, linked, gitfiles, hgrcs)
         for path, kind in named.items():
             rel = os.path.relpath(path, tree.root)
             if tree.lstat(rel) is None:
@@ -277,7 +278,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
 
 
 def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[str],
-                  linked: set[str], gitfiles: list[str]
+                  linked: set[str], gitfiles: list[str], hgrcs: Sequence[str] = ()
                   ) -> tuple[dict[str, str], tuple[str, ...]]:
     """{path: kind} of what the workspace's repositories' configs and the user's global
     configs name inside it, as agent mode makes them read-only (the same
@@ -310,14 +311,17 @@ def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[
         # file a user's config included, and quoted it in its refusal).
         with fsops.acting_as(owner if home != homes[0] else None):
             inherited, more = repos.global_config(scope)
-            scope = scope._replace(inherited=inherited)
-            found += more
+            hg, also = repos.hg_global(scope)
+            scope = scope._replace(inherited=inherited, hg=hg)
+            found += more + also
             found += repos.global_named(scope)
             # What the home's start-up files link to in the workspace, as in agent mode
             # (review 31: ~/.bash_aliases a link into it, and bash ran what the run added)
             found += discover.home_links(scope, home)
         for gitdir, worktree in pairs:
             found += repos.config_named(scope, gitdir, worktree)
+        for config in hgrcs:  # an hg repository's, with its hooks and extensions
+            found += repos.hg_named(scope, config, os.path.dirname(os.path.dirname(config)))
         hook_folders += repos.hook_folders(inherited)
     top = os.path.normpath(tree.root)
     named = {f.path: f.kind for f in found if f.action in ("protect", "watch")

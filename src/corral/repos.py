@@ -40,7 +40,7 @@ import os
 import stat
 from collections.abc import Iterator
 
-from . import fsops, gitconfig, shellread
+from . import fsops, gitconfig, hgrc, shellread, small
 from .errors import UsageError
 from .fswalk import walk
 from .guard import SELF_COMMONDIR, Finding
@@ -48,7 +48,8 @@ from .locate import Landing, Roots, land
 from .record import NamedTuple
 
 __all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "config_named", "gather", "git_findings",
-           "gitfile_target", "global_config", "global_named", "global_paths", "holds_git_dir",
+           "gitfile_target", "global_config", "global_named", "global_paths", "hg_global",
+           "hg_named", "holds_git_dir",
            "hook_folders", "is_git_dir", "protect", "valid_head"]
 
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
@@ -68,6 +69,7 @@ class Scope(NamedTuple):
     home: str  # what ``~`` means to the user's git on the host
     create: bool  # make what must exist (hooks/, placeholders); False for --dry-run
     inherited: tuple[tuple[str, str | None], ...] = ()  # entries of the global config files
+    hg: tuple[tuple[str, str, str | None], ...] = ()  # those of the global hg configs
 
 
 def _refuse(path: str, what: str, why: str) -> UsageError:
@@ -381,18 +383,108 @@ def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str,
             yield from _protect(scope, os.path.join(worktree, path),
                                 f"a folder of hooks git's config names ({key})", "dir")
     for name, text in gitconfig.commands(entries):
-        # Every word, read as the shell reads it (reviews 31 to 33: a script an
-        # interpreter runs, `f''sm`, `fs\m`, `cd && sh x/fsm`, `sh fsm.sh` in the
-        # repository's top).  An alias runs only when the user calls it, as the project's
-        # own scripts do: only its words written as paths count, and nothing refuses.
-        alias = name.startswith("alias.")
-        reach = shellread.read(text, scope.home)
-        for start in starts or [worktree]:
-            for path, role, written in reach.paths:
-                if written or not alias:
-                    yield from _reached(scope, name, os.path.join(start, path), role, alias)
-        if reach.unknown and not alias:
-            _cannot_follow(scope, name, text, reach, starts or [worktree])
+        yield from _command(scope, name, text, starts or [worktree])
+
+
+def _command(scope: Scope, name: str, text: str, starts: list[str]) -> Iterator[Finding]:
+    """What one command a tool runs on the host names, from each folder in ``starts``.
+
+    Every word, read as the shell reads it (reviews 31 to 35: a script an interpreter
+    runs, `f''sm`, `fs\\m`, `cd && sh x/fsm`, `sh fsm.sh` in the repository's top).  An
+    alias runs only when the user calls it, as the project's own scripts do: only its
+    words written as paths count, and nothing refuses."""
+    alias = name.startswith("alias.")
+    reach = shellread.read(text, scope.home)
+    for start in starts:
+        for path, role, written in reach.paths:
+            if written or not alias:
+                yield from _reached(scope, name, os.path.join(start, path), role, alias)
+    if reach.unknown and not alias:
+        _cannot_follow(scope, name, text, reach, starts)
+
+
+def hg_gather(scope: Scope, path: str, depth: int = 0
+              ) -> tuple[list[tuple[str, str, str | None]], list[Finding]]:
+    """The entries of the hg config file ``path``, its ``%include``s read in place, and
+    a read-only finding for each included file in a writable tree."""
+    spot = land(path, scope.roots, "an hg config")
+    if spot.st is None:
+        return [], []
+    if not stat.S_ISREG(spot.st.st_mode):
+        raise _refuse(spot.path, f"is a {fsops.kind_of(spot.st.st_mode)}, not a file",
+                      "hg reads it as configuration")
+    try:
+        data = spot.tree.read(spot.rel, CONFIG_CAP) if spot.tree is not None else \
+            fsops.read_file(spot.path, CONFIG_CAP)
+        lines = hgrc.parse(data or b"")
+    except OSError as e:
+        if e.errno == errno.EACCES:
+            return [], []  # (read with the user's rights: what hg cannot read, it obeys not)
+        raise _refuse(spot.path, f"cannot be read ({e.strerror})",
+                      "corral reads all of an hg config before it trusts any of it") from None
+    except hgrc.ConfigError as e:
+        raise _refuse(spot.path, f"cannot be read as hg reads it ({e})",
+                      "corral cannot tell what hg would obey in it") from None
+    entries: list[tuple[str, str, str | None]] = []
+    found: list[Finding] = []
+    for section, key, value in lines:
+        if section != "%include":
+            entries.append((section, key, value))
+        elif depth + 1 < gitconfig.MAX_INCLUDE_DEPTH:
+            target = hgrc.included(key, path, scope.home)
+            found += _protect(scope, target, "included by an hg config", "file")
+            more, deeper = hg_gather(scope, target, depth + 1)
+            entries += more
+            found += deeper
+    return entries, found
+
+
+def hg_named(scope: Scope, config: str, root: str) -> Iterator[Finding]:
+    """What the hg config ``config`` of the repository at ``root`` and the user's global
+    ones (``scope.hg``) name in a writable tree: included files, the programs and files
+    its hooks, tools and extensions run, resolved against the repository's root, where
+    hg runs its hooks (review 30's %include; the same class as git's commands)."""
+    entries, found = hg_gather(scope, config)
+    yield from found
+    yield from _hg_commands(scope, [*scope.hg, *entries], [root])
+
+
+def _hg_commands(scope: Scope, entries: list[tuple[str, str, str | None]],
+                 starts: list[str]) -> Iterator[Finding]:
+    for name, kind, text in hgrc.commands(entries):
+        if kind == "shell":
+            yield from _command(scope, name, text, starts)
+            continue
+        path = hgrc.expand(text, scope.home)  # Python hg loads: a file, or a package
+        for start in starts:
+            yield from _protect(scope, os.path.join(start, path),
+                                f"Python hg loads ({name})", "file")
+
+
+def hg_global(scope: Scope) -> tuple[tuple[tuple[str, str, str | None], ...], list[Finding]]:
+    """The entries of the user's global hg configs, what they include in the writable
+    trees, and what their commands name from where the user may run hg outside any
+    repository (the home, the writable trees' tops)."""
+    paths = [*hgrc.GLOBAL_CONFIGS]
+    with small.suppress(OSError):
+        paths += sorted(os.path.join("/etc/mercurial/hgrc.d", n)
+                        for n in os.listdir("/etc/mercurial/hgrc.d") if n.endswith(".rc"))
+    if os.environ.get("HGRCPATH") is not None:
+        paths = [p for p in os.environ["HGRCPATH"].split(os.pathsep) if p]
+    entries: list[tuple[str, str, str | None]] = []
+    found: list[Finding] = []
+    for raw in paths:
+        path = hgrc.expand(raw, scope.home)
+        if not os.path.isabs(path):
+            continue
+        found += _protect(scope, path, "the user's global hg config", "file") \
+            if land(path, scope.roots, "an hg config").tree is not None else []
+        more, named = hg_gather(scope, path)
+        entries += more
+        found += named
+    starts = [scope.home, *(t.root for t in scope.roots.trees)]
+    found += _hg_commands(scope, entries, starts)
+    return tuple(entries), found
 
 
 def _reached(scope: Scope, name: str, path: str, role: str, alias: bool

@@ -422,10 +422,16 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
         scope = repos.Scope(roots, home, create=not dry_run)
         with fsops.acting_as(owner):  # the user's files with the user's rights (review 31)
             inherited, findings = repos.global_config(scope)
-            scope = scope._replace(inherited=inherited)
+            hg, more = repos.hg_global(scope)
+            scope = scope._replace(inherited=inherited, hg=hg)
+            findings += more
             findings += repos.global_named(scope)  # even where no repository is (review 30)
         for tree in roots.trees:
             findings += discover.scan(tree, scope, policy.allow_secrets, policy.protect)
+        # What each hg repository's config names (its own hooks run on `hg status`)
+        for f in [f for f in findings if f.action == "protect" and
+                  f.path.endswith(("/.hg/hgrc", "/.hg/hgrc-not-shared"))]:
+            findings += repos.hg_named(scope, f.path, os.path.dirname(os.path.dirname(f.path)))
         findings += _listed_read_only(policy, home, writable)
         with fsops.acting_as(owner):
             findings += discover.home_links(scope, home)
