@@ -316,28 +316,35 @@ def _protect(scope: Scope, path: str, reason: str, kind: str) -> Iterator[Findin
         yield from _hook_links(scope, spot.tree, spot.rel)
 
 
-def _config(spot: Landing) -> list[tuple[str, str | None]]:
-    """The entries of one config file (not following includes); refuses what git would."""
+def _config_bytes(spot: Landing, tool: str) -> bytes | None:
+    """The bytes of one config file; None where there is none, or where the user whose
+    ``tool`` reads it cannot read it (read with that user's rights, see audit and agent:
+    review 31 had root quote a root-only file a user's config included): what that tool
+    cannot read, it obeys nothing of.  Refuses what is not a plain file, or too large."""
     if spot.st is None:
-        return []
+        return None
     if not stat.S_ISREG(spot.st.st_mode):
         raise _refuse(spot.path, f"is a {fsops.kind_of(spot.st.st_mode)}, not a file",
-                      "git reads it as configuration")
+                      f"{tool} reads it as configuration")
     try:
         data = spot.tree.read(spot.rel, CONFIG_CAP) if spot.tree is not None else \
             fsops.read_file(spot.path, CONFIG_CAP)
     except OSError as e:
         if e.errno == errno.EACCES:
-            # Read with the rights of the user whose git reads it (see audit and agent:
-            # review 31 had root quote a root-only file a user's config included): what
-            # that git cannot read, it obeys nothing of.
-            return []
+            return None
         if e.errno != errno.EFBIG:
             raise
         raise _refuse(spot.path, f"is larger than {CONFIG_CAP} bytes",
-                      "corral reads all of a git config before it trusts any of it") from None
+                      f"corral reads all of a {tool} config before it trusts any of it"
+                      ) from None
+    return data or b""
+
+
+def _config(spot: Landing) -> list[tuple[str, str | None]]:
+    """The entries of one config file (not following includes); refuses what git would."""
+    data = _config_bytes(spot, "git")
     try:
-        return gitconfig.parse(data or b"")
+        return gitconfig.parse(data) if data is not None else []
     except gitconfig.ConfigError as e:
         raise _refuse(spot.path, f"cannot be read as git reads it ({e})",
                       "corral cannot tell what git would obey in it") from None
@@ -408,20 +415,9 @@ def hg_gather(scope: Scope, path: str, depth: int = 0
     """The entries of the hg config file ``path``, its ``%include``s read in place, and
     a read-only finding for each included file in a writable tree."""
     spot = land(path, scope.roots, "an hg config")
-    if spot.st is None:
-        return [], []
-    if not stat.S_ISREG(spot.st.st_mode):
-        raise _refuse(spot.path, f"is a {fsops.kind_of(spot.st.st_mode)}, not a file",
-                      "hg reads it as configuration")
+    data = _config_bytes(spot, "hg")
     try:
-        data = spot.tree.read(spot.rel, CONFIG_CAP) if spot.tree is not None else \
-            fsops.read_file(spot.path, CONFIG_CAP)
-        lines = hgrc.parse(data or b"")
-    except OSError as e:
-        if e.errno == errno.EACCES:
-            return [], []  # (read with the user's rights: what hg cannot read, it obeys not)
-        raise _refuse(spot.path, f"cannot be read ({e.strerror})",
-                      "corral reads all of an hg config before it trusts any of it") from None
+        lines = hgrc.parse(data) if data is not None else []
     except hgrc.ConfigError as e:
         raise _refuse(spot.path, f"cannot be read as hg reads it ({e})",
                       "corral cannot tell what hg would obey in it") from None
