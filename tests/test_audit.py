@@ -1422,7 +1422,8 @@ def test_every_form_of_a_commands_path_is_protected_or_refused(who: Identity) ->
     assert r["named"] == ["bin/a", "bin/b", "bin/c", "bin/k", "rc.sh"], r
     assert r["did"] == [["bin/a", "quarantined"], ["bin/b", "quarantined"],
                         ["bin/c", "quarantined"], ["rc.sh", "quarantined"]], r
-    assert "a folder a command of git's core.fsmonitor names" in r["refused"], r
+    assert "is a folder a command goes into or runs code from, in git's core.fsmonitor" \
+        in r["refused"], r
 
 
 def test_a_command_is_read_as_the_shell_reads_it(who: Identity) -> None:
@@ -1494,28 +1495,41 @@ def test_a_command_is_read_as_the_shell_reads_it(who: Identity) -> None:
 
 
 def test_what_an_hg_config_names_is_audited_as_gits_is(who: Identity) -> None:
-    """Review 30 (f3) and the class of reviews 31 to 35: Mercurial runs its hooks on
-    ``hg status``; what its repository config names (``sh fsm.sh``, relative to the
-    repository's root), what it ``%include``s from the workspace, and a hook that file
-    adds were not followed, and host hg ran what the run wrote.  Control: before the
-    audit host hg runs every plant."""
+    """Review 30 (f3), review 36 and the class of reviews 31 to 35: Mercurial runs its
+    hooks on ``hg status``; what its repository config names (``sh fsm.sh``, relative to
+    the repository's root), what it ``%include``s from the workspace and a hook that file
+    adds, a ``python:PATH:func`` hook's package, and what a global hook names in a
+    repository without an hgrc of its own were not followed, and host hg ran what the run
+    wrote.  Control: before the audit host hg runs every plant."""
     r = as_identity(who, f"""
         base = {str(who.tmp)!r}
         top, q, marks = workspace(base)
-        os.environ["HOME"] = base
-        repo = os.path.join(top, "r")
-        assert hg(top, "init", "r").returncode == 0
+        glob = os.path.join(base, "g.rc")
+        write(glob, "[hooks]\\npre-status.g = sh tools/lint.sh\\n", 0o644)
+        os.environ.update(HOME=base, HGRCPATH=glob)  # the user's global hg config
+        repo, bare = os.path.join(top, "r"), os.path.join(top, "n")
+        for d in (repo, bare):
+            assert hg(top, "init", d).returncode == 0
+            write(os.path.join(d, "tools/lint.sh"), "true\\n", 0o644)
         write(os.path.join(repo, ".hg/hgrc"), "%include ../../tools/hg.rc\\n"
-              "[hooks]\\npre-status.a = sh fsm.sh\\n", 0o644)
+              "[hooks]\\npre-status.a = sh fsm.sh\\n"
+              "pre-status.c = python:hghooks:check\\n", 0o644)
         write(os.path.join(top, "tools/hg.rc"), "[ui]\\nusername = t\\n", 0o644)
         write(os.path.join(repo, "fsm.sh"), "true\\n", 0o644)
+        write(os.path.join(repo, "hghooks/__init__.py"), "def check(**k):\\n    return 0\\n",
+              0o644)
         census = audit.census_of_tree(top, None, audit.protected_names())
         later()
         write(os.path.join(repo, "fsm.sh"), f"touch {{marks}}/fsm\\n", 0o644)
         with open(os.path.join(top, "tools/hg.rc"), "a") as f:
             f.write(f"[hooks]\\npre-status.b = touch {{marks}}/include\\n")
+        write(os.path.join(repo, "hghooks/__init__.py"),
+              f"def check(**k):\\n    open('{{marks}}/python', 'w')\\n    return 0\\n", 0o644)
+        write(os.path.join(bare, "tools/lint.sh"), f"touch {{marks}}/global\\n", 0o644)
         def host():
-            hg(repo, "status")
+            for d in (repo, bare):
+                subprocess.run(["hg", "--config", "ui.username=t", "status"], cwd=d,
+                               capture_output=True, env=dict(os.environ, HGRCPATH=glob))
             return taken(marks)
         before = host()
         actions = audit.Auditor(census, lambda: q).run()
@@ -1524,6 +1538,8 @@ def test_what_an_hg_config_names_is_audited_as_gits_is(who: Identity) -> None:
                           "did": sorted(os.path.relpath(a.path, top) for a in actions
                                         if a.did == "quarantined")}}))
     """)
-    assert r["before"] == ["fsm", "include"], r  # the control: host hg runs both
+    assert r["before"] == ["fsm", "global", "include", "python"], r  # the control
     assert r["after"] == [], r
-    assert r["did"] == ["r/fsm.sh", "tools/hg.rc"], r
+    # (and hg's own __pycache__ of the control's run, made during the run too)
+    assert [d for d in r["did"] if "__pycache__" not in d] == [
+        "n/tools/lint.sh", "r/fsm.sh", "r/hghooks/__init__.py", "tools/hg.rc"], r

@@ -41,14 +41,17 @@ def test_entries_are_read_as_hg_reads_them(tmp_path: Path, text: str) -> None:
 
 def test_what_hg_runs_or_loads() -> None:
     entries = hgrc.parse(b"[hooks]\npre-status = sh fsm.sh\nx = python:hooks/h.py:run\n"
+                         b"y = python:hghooks:check\nz = python:mod.func\n"
                          b"[extensions]\nfoo = ~/x/foo.py\nrebase =\nbar = !\n"
                          b"[merge-tools]\nk.executable = ./bin/k\nk.args = $local\n"
                          b"[alias]\nst = !sh s.sh\nlg = log -G\n[paths]\ndefault = x\n"
                          b"%include ../y.rc\n")
     assert list(hgrc.commands(entries)) == [
         ("hooks.pre-status", "shell", "sh fsm.sh"), ("hooks.x", "python", "hooks/h.py"),
+        ("hooks.y", "python", "hghooks"),  # (review 36: any PATH, a package folder too)
         ("extensions.foo", "python", "~/x/foo.py"),
-        ("merge-tools.k.executable", "shell", "./bin/k"), ("alias.st", "shell", "sh s.sh")]
+        ("merge-tools.k.executable", "shell", "./bin/k"),
+        ("merge-tools.k.args", "shell", "$local"), ("alias.st", "shell", "sh s.sh")]
     assert ("%include", "../y.rc", None) in entries
     assert hgrc.included("../y.rc", "/w/r/.hg/hgrc", "/h") == "/w/r/y.rc"
     assert hgrc.included("~/y.rc", "/w/r/.hg/hgrc", "/h") == "/h/y.rc"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -90,7 +91,7 @@ def test_what_a_command_names() -> None:
     assert named("case $1 in get) sh x;; *) ;; esac") == ["x"]
 
 
-def test_what_it_cannot_follow_it_says() -> None:
+def test_what_it_cannot_follow_it_says(monkeypatch: pytest.MonkeyPatch) -> None:
     def cannot(command: str) -> tuple[str, bool, tuple[str, ...]]:
         r = shellread.read(command, HOME)
         assert r.unknown, command
@@ -99,7 +100,17 @@ def test_what_it_cannot_follow_it_says() -> None:
     assert cannot("sh ~/d/fs?") == ("a pattern the shell expands (?)", False, ("/home/u/d",))
     assert cannot("sh *") == ("a pattern the shell expands (*)", False, ("",))
     assert cannot("F=~/x && sh $F")[:2] == ("the variable $F, which the command sets", True)
-    assert cannot("sh $DOTS/fsm")[:2] == ("the variable $DOTS", True)
+    assert cannot("sh $CORRAL_UNSET_X/fsm")[:2] == (
+        "the variable $CORRAL_UNSET_X, which corral's environment does not set", True)
+    # Review 37: the launcher's own variables are the user's (core.editor = $EDITOR), and a
+    # script's arguments are data to its interpreter (VS Code's credential helper)
+    monkeypatch.setenv("CORRAL_TEST_EDITOR", "/home/u/d/ed")
+    monkeypatch.delenv("CORRAL_UNSET_X", raising=False)
+    assert named("$CORRAL_TEST_EDITOR -w") == ["-w", "/home/u/d/ed"]
+    assert named("${CORRAL_UNSET_X:-${CORRAL_TEST_EDITOR:-vi}}") == ["/home/u/d/ed"]
+    assert shellread.read("${CORRAL_UNSET_X:-vi} x", HOME).unknown == ""
+    assert shellread.read("f() { /n/node /tmp/x.js helper $*; }; f", HOME).unknown == ""
+    assert cannot("f() { env $*; }; f")[1]  # a wrapper's: what it runs
     assert cannot("sh $(echo fsm.sh)")[:2] == ("the output of a command", True)
     assert cannot("python3 -m watcher")[1] and cannot("python3 -c x")[:2] == (
         "code given to python3", True)

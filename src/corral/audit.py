@@ -232,7 +232,8 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
     folders: dict[str, tuple[int, int]] = {}
     blind: list[OSError] = []
     gitfiles: list[str] = []
-    found = _Found(gitdirs, linked, protected, backups, budget, folders, gitfiles)
+    hgdirs: list[str] = []
+    found = _Found(gitdirs, linked, protected, backups, budget, folders, gitfiles, hgdirs)
     with fsops.Tree(top, owner) as tree:
         try:
             # A bare repository as the workspace itself, as the audit takes it: its
@@ -261,8 +262,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
             with small.suppress(OSError):
                 st = os.lstat(path)
                 folders[path] = (st.st_dev, st.st_ino)
-        hgrcs = [p for p in protected if p.endswith(("/.hg/hgrc", "/.hg/hgrc-not-shared"))]
-        named, hook_folders = _config_named(tree, owner, gitdirs, linked, gitfiles, hgrcs)
+        named, hook_folders = _config_named(tree, owner, gitdirs, linked, gitfiles, hgdirs)
         for path, kind in named.items():
             rel = os.path.relpath(path, tree.root)
             if tree.lstat(rel) is None:
@@ -278,7 +278,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
 
 
 def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[str],
-                  linked: set[str], gitfiles: list[str], hgrcs: Sequence[str] = ()
+                  linked: set[str], gitfiles: list[str], hgdirs: Sequence[str] = ()
                   ) -> tuple[dict[str, str], tuple[str, ...]]:
     """{path: kind} of what the workspace's repositories' configs and the user's global
     configs name inside it, as agent mode makes them read-only (the same
@@ -320,8 +320,8 @@ def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[
             found += discover.home_links(scope, home)
         for gitdir, worktree in pairs:
             found += repos.config_named(scope, gitdir, worktree)
-        for config in hgrcs:  # an hg repository's, with its hooks and extensions
-            found += repos.hg_named(scope, config, os.path.dirname(os.path.dirname(config)))
+        for hgdir in hgdirs:  # an hg repository's configs, hooks and extensions
+            found += repos.hg_repository(scope, hgdir)
         hook_folders += repos.hook_folders(inherited)
     top = os.path.normpath(tree.root)
     named = {f.path: f.kind for f in found if f.action in ("protect", "watch")
@@ -339,6 +339,7 @@ class _Found(NamedTuple):
     budget: list[int]
     folders: dict[str, tuple[int, int]]
     gitfiles: list[str]  # .git files: worktrees' and submodules'
+    hgdirs: list[str]  # .hg folders: hg repositories
 
 
 def _census_part(tree: fsops.Tree, here: str, entries: list[fsops.Entry],
@@ -359,6 +360,8 @@ def _census_part(tree: fsops.Tree, here: str, entries: list[fsops.Entry],
         # of it is walked like any folder, as the audit walks it (review 29 hid a user's
         # repository in a folder inside a .git, a link left in its place).
         entries[:] = [e for e in entries if e.name not in _repos().NESTED]
+    f.hgdirs.extend(tree.path(join(here, e.name)) for e in entries
+                    if e.name == ".hg" and e.kind == "dir")
     for e in [e for e in entries if e.name in names or e.name == ".git"
               or vcs_control(tree.path(join(here, e.name)), e.kind)]:
         rel = join(here, e.name)

@@ -135,6 +135,9 @@ def _directory(tree: fsops.Tree, scope: repos.Scope, here: str, entries: list[fs
         if e.name == ".git":
             found += _dot_git(tree, scope, rel, e.kind)
             continue
+        if e.name == ".hg" and e.kind == "dir":  # (an hg repository: see agent)
+            found.append(Finding(tree.path(join(rel, "hgrc")), "watch", "file",
+                                 "the config of an hg repository"))
         secret = (e.kind == "dir" and e.name in SECRET_DIRS) or _is_secret(e.name, allowed)
         control = e.name in protected or vcs_control(tree.path(rel), e.kind)
         if control or secret:

@@ -30,7 +30,11 @@ INCLUDE = re.compile(r"%include\s+(\S|\S.*\S)\s*$")
 COMMAND_KEYS = {("hooks", "*"), ("ui", "editor"), ("ui", "ssh"), ("ui", "merge"),
                 ("pager", "pager"), ("merge-tools", ".executable"),
                 ("diff-tools", ".executable"), ("extdiff", "*"), ("fix", ":command"),
-                ("fix", ".command"), ("fsmonitor", "watchman_exe"), ("alias", "*")}
+                ("fix", ".command"), ("fsmonitor", "watchman_exe"), ("alias", "*"),
+                # review 36: hg import, the merge tool's arguments (through the shell),
+                # hg email, the gpg extension
+                ("ui", "patch"), ("merge-tools", ".args"), ("email", "method"),
+                ("gpg", "cmd")}
 
 
 class ConfigError(ValueError):
@@ -42,10 +46,11 @@ def parse(data: bytes) -> list[tuple[str, str, str | None]]:
     included (to be read there, in place)."""
     out: list[tuple[str, str, str | None]] = []
     section, item, cont = "", None, False
-    text = data.decode(errors="surrogateescape")
-    if text.startswith("\ufeff"):
-        text = text[1:]
-    for n, line in enumerate(text.splitlines(True), 1):
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    # Lines as hg splits them: bytes' line ends, not str's (\x0c, \x85, U+2028...)
+    for n, raw in enumerate(data.splitlines(True), 1):
+        line = raw.decode(errors="surrogateescape")
         if cont:
             if COMMENT.match(line):
                 continue
@@ -115,9 +120,8 @@ def commands(entries: list[tuple[str, str, str | None]]
         text = value.strip()
         if section == "hooks" and text.startswith("python:"):
             spec = text[len("python:"):]
-            file = spec.rsplit(":", 1)[0] if spec.count(":") else ""
-            if file.endswith(".py") or "/" in file:
-                yield name, "python", file
+            if ":" in spec:  # python:PATH:func: any PATH, a file or a package folder
+                yield name, "python", spec.rsplit(":", 1)[0]  # (review 36)
             continue
         if section == "alias":
             if not text.startswith("!"):

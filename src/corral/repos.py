@@ -49,7 +49,7 @@ from .record import NamedTuple
 
 __all__ = ["GITDIR", "LINKED", "NESTED", "Scope", "config_named", "gather", "git_findings",
            "gitfile_target", "global_config", "global_named", "global_paths", "hg_global",
-           "hg_named", "holds_git_dir",
+           "hg_repository", "holds_git_dir",
            "hook_folders", "is_git_dir", "protect", "valid_head"]
 
 CONTROL = ("config", "config.worktree", "hooks", "info")  # read-only in every git directory
@@ -393,7 +393,8 @@ def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str,
         yield from _command(scope, name, text, starts or [worktree])
 
 
-def _command(scope: Scope, name: str, text: str, starts: list[str]) -> Iterator[Finding]:
+def _command(scope: Scope, name: str, text: str, starts: list[str], tool: str = "git"
+             ) -> Iterator[Finding]:
     """What one command a tool runs on the host names, from each folder in ``starts``.
 
     Every word, read as the shell reads it (reviews 31 to 35: a script an interpreter
@@ -405,9 +406,10 @@ def _command(scope: Scope, name: str, text: str, starts: list[str]) -> Iterator[
     for start in starts:
         for path, role, written in reach.paths:
             if written or not alias:
-                yield from _reached(scope, name, os.path.join(start, path), role, alias)
+                yield from _reached(scope, name, os.path.join(start, path), role, alias,
+                                    tool)
     if reach.unknown and not alias:
-        _cannot_follow(scope, name, text, reach, starts)
+        _cannot_follow(scope, name, text, reach, starts, tool)
 
 
 def hg_gather(scope: Scope, path: str, depth: int = 0
@@ -435,23 +437,39 @@ def hg_gather(scope: Scope, path: str, depth: int = 0
     return entries, found
 
 
-def hg_named(scope: Scope, config: str, root: str) -> Iterator[Finding]:
-    """What the hg config ``config`` of the repository at ``root`` and the user's global
-    ones (``scope.hg``) name in a writable tree: included files, the programs and files
-    its hooks, tools and extensions run, resolved against the repository's root, where
-    hg runs its hooks (review 30's %include; the same class as git's commands)."""
-    entries, found = hg_gather(scope, config)
-    yield from found
-    yield from _hg_commands(scope, [*scope.hg, *entries], [root])
+def hg_repository(scope: Scope, hgdir: str) -> Iterator[Finding]:
+    """What the hg repository ``hgdir`` (its ``.hg``) reads and runs names in a writable
+    tree: its config (``hgrc``, ``hgrc-not-shared``; a share's, the source repository's
+    ``hgrc`` too, review 36: hg reads it and runs its hooks from the share's root), what
+    they include, and, with the user's global configs (``scope.hg``, review 36: a
+    repository with no hgrc of its own), the files its hooks, tools and extensions run,
+    resolved against the repository's root, where hg runs its hooks."""
+    configs = [os.path.join(hgdir, "hgrc"), os.path.join(hgdir, "hgrc-not-shared")]
+    spot = land(os.path.join(hgdir, "sharedpath"), scope.roots, "an hg share's source")
+    data = _config_bytes(spot, "hg")
+    if data:
+        source = data.decode(errors="surrogateescape").strip()
+        configs.insert(0, os.path.join(hgdir, source, "hgrc"))
+    entries: list[tuple[str, str, str | None]] = []
+    for config in configs:
+        more, found = hg_gather(scope, config)
+        entries += more
+        yield from found
+    yield from _hg_commands(scope, [*scope.hg, *entries], [os.path.dirname(hgdir)])
 
 
 def _hg_commands(scope: Scope, entries: list[tuple[str, str, str | None]],
                  starts: list[str]) -> Iterator[Finding]:
     for name, kind, text in hgrc.commands(entries):
         if kind == "shell":
-            yield from _command(scope, name, text, starts)
+            yield from _command(scope, name, text, starts, "hg")
             continue
         path = hgrc.expand(text, scope.home)  # Python hg loads: a file, or a package
+        if name.startswith("extensions.") and not os.path.isabs(path):
+            # hg takes it relative to the folder it runs in, any folder (review 36)
+            _cannot_follow(scope, name, text, shellread.Reach(
+                (), "an extension's path relative to the folder hg runs in"), starts, "hg")
+            continue
         for start in starts:
             yield from _protect(scope, os.path.join(start, path),
                                 f"Python hg loads ({name})", "file")
@@ -483,51 +501,60 @@ def hg_global(scope: Scope) -> tuple[tuple[tuple[str, str, str | None], ...], li
     return tuple(entries), found
 
 
-def _reached(scope: Scope, name: str, path: str, role: str, alias: bool
+def _reached(scope: Scope, name: str, path: str, role: str, alias: bool, tool: str = "git"
              ) -> Iterator[Finding]:
     """One path a command names: a program is read-only (a placeholder where missing); a
     file among its arguments is read-only, a missing one watched (the audit takes one made
-    during the run for a plant); a folder it goes into or is given refuses the run."""
+    during the run for a plant); a folder it goes into, or gives a program that runs code,
+    refuses the run (a folder an ordinary program is given, black's ``.``, is only read)."""
     if role == "program":
-        yield from _protect(scope, path, f"a program git runs ({name})", "file")
+        yield from _protect(scope, path, f"a program {tool} runs ({name})", "file")
         return
-    spot = land(path, scope.roots, f"a file git's {name} names")
+    spot = land(path, scope.roots, f"a file {tool}'s {name} names")
     if spot.tree is None:
         return
-    if role == "script" and spot.st is not None and not alias:
-        raise _refuse(spot.path, f"is a script git's {name} runs with an interpreter that "
-                      "imports from the script's folder",
-                      "a module the sandbox plants beside it would run on the host (python "
-                      "-P or -I does not look there)")
-    if role == "folder" or (spot.st is not None and stat.S_ISDIR(spot.st.st_mode)):
-        if alias:
-            return
-        raise _refuse(spot.path, f"is a folder a command of git's {name} names",
-                      "git runs that command on the host, and it may run any file in the "
-                      "folder, which the sandbox can write")
+    folder = spot.st is not None and stat.S_ISDIR(spot.st.st_mode)
+    if not alias and (role == "folder" or (folder and role != "operand") or (
+            role == "script" and spot.st is not None)):
+        what = "a script run by an interpreter that imports from the script's folder" \
+            if role == "script" else "a folder a command goes into or runs code from"
+        raise UsageError(f"{spot.path} is {what}, in {tool}'s {name}",
+                         f"{tool} runs that command on the host, and it may run any file in "
+                         "that folder, which the sandbox can write",
+                         _advice(tool, name, role == "script"))
     if spot.st is None:
         if not alias:
-            yield Finding(spot.path, "watch", "file", f"a file git's {name} names")
+            yield Finding(spot.path, "watch", "file", f"a file {tool}'s {name} names")
     elif stat.S_ISREG(spot.st.st_mode):
-        yield from _protect(scope, spot.path, f"a file a command git runs names ({name})",
-                            "file")
+        yield from _protect(scope, spot.path,
+                            f"a file a command {tool} runs names ({name})", "file")
+
+
+def _advice(tool: str, name: str, python: bool) -> str:
+    """What the user can change: the command, found where the tool shows it."""
+    where = f"`git config --show-origin --get-all {name}`" if tool == "git" else \
+        f"`hg config --debug {name}`"
+    how = "run Python with -P (3.11 or later) or -I, or the module's own command, so " \
+        "that it does not import from that folder" if python else \
+        "write it so that it names every file it runs, outside the project if it can"
+    return f"{where} shows where it is set: {how}, or leave it out, then start again"
 
 
 def _cannot_follow(scope: Scope, name: str, text: str, reach: shellread.Reach,
-                   starts: list[str]) -> None:
-    """Refuses a command git runs by itself that holds what corral cannot follow (a
-    glob, a variable, code given to an interpreter) when that may reach a writable tree:
-    which file it runs there, corral cannot tell, so it cannot keep it read-only."""
+                   starts: list[str], tool: str = "git") -> None:
+    """Refuses a command a tool runs by itself that holds what corral cannot follow (a
+    glob, a variable the launcher does not set, code given to an interpreter) when that
+    may reach a writable tree: which file it runs there, corral cannot tell, so it cannot
+    keep it read-only."""
     where = [] if reach.anywhere else [*starts, *(os.path.join(s, p) for s in starts
                                                    for p in reach.prefixes)]
-    why = "where a command git runs starts"
+    why = f"where a command {tool} runs starts"
     if where and not any(land(p, scope.roots, why).tree is not None for p in where):
         return
-    raise UsageError(f"git's {name} ({text!r}) holds {reach.unknown}, so corral cannot "
-                     "tell which files it runs", "git runs it on the host, outside the "
+    raise UsageError(f"{tool}'s {name} ({text!r}) holds {reach.unknown}, so corral cannot "
+                     "tell which files it runs", f"{tool} runs it on the host, outside the "
                      "sandbox, and it may run a file the sandbox can write",
-                     "write the command so that it names every file it runs (python -P "
-                     "-m, not python -m), or leave it out of that config, then start again")
+                     _advice(tool, name, "python" in reach.unknown))
 
 
 def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], list[Finding]]:

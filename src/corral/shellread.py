@@ -50,7 +50,10 @@ WRAPPERS = {"env", "exec", "command", "builtin", "nohup", "timeout", "nice", "io
             "sudo", "doas", "time", "stdbuf", "setsid", "chrt", "taskset", "unbuffer",
             "flock", "script", "strace", "ltrace"}
 # Variables whose values git itself gives the command (file names it works on): data.
-GIVEN = {"LOCAL", "REMOTE", "MERGED", "BASE", "BACKUP", "ARG"}
+GIVEN = {"LOCAL", "REMOTE", "MERGED", "BASE", "BACKUP", "ARG",
+         # hg's merge tools' and extdiff's, and its hooks' HG_* (see _variable)
+         "local", "base", "other", "output", "labellocal", "labelother", "labelbase",
+         "parent", "parent1", "parent2", "plabel1", "plabel2", "child", "clabel", "root"}
 SPECIAL = set("@*#?$!-0123456789")
 CODE_MARKS = set(" \t\n;&|()$`<>\\\"'{}")  # an interpreter's argument holding one is code
 GLOB_MARKS = set("*?[")
@@ -204,6 +207,19 @@ class _Lexer:
             self.i = end + 1
             if _name(body) or body in SPECIAL:
                 return self._variable(body, parts)
+            name, op, word = _default_form(body)
+            if name and name not in self.assigned and name != "HOME" and not (
+                    name in GIVEN or name.startswith(("GIT_", "HG_"))):
+                value = os.environ.get(name)
+                if value is not None and (value or ":" not in op):
+                    parts.append(value)  # ${EDITOR:-vi}: set, its value
+                    return None
+                sub = _Lexer(word, self.home, self.assigned)
+                got = sub._word() if word else _Word("", True, False, "", False, False)
+                if got.known and not got.data and (not word or sub.i >= len(word)):
+                    parts.append(got.text)  # unset: the default, read as a word
+                    self.inner += sub.inner
+                    return None
             if "$" in body or "`" in body:
                 self.inner.append(body)
             return self._cannot(f"the expansion ${{{body}}}")
@@ -227,10 +243,24 @@ class _Lexer:
             return self._cannot(f"the variable ${name}, which the command sets")
         if name == "HOME":
             parts.append(self.home)
-        elif name in GIVEN or name.startswith("GIT_") or name in SPECIAL:
+        elif name in GIVEN or name.startswith(("GIT_", "HG_")) or name in SPECIAL:
             self.data = True
+        elif name in os.environ:
+            # The user's own variable, as the launcher has it (review 37: core.editor =
+            # $EDITOR): the user's shell sets it for their git too, the sandbox cannot
+            parts.append(os.environ[name])
         else:
-            self._cannot(f"the variable ${name}")
+            self._cannot(f"the variable ${name}, which corral's environment does not set")
+
+
+def _default_form(body: str) -> tuple[str, str, str]:
+    """("NAME", ":-", "word") of ``${NAME:-word}`` or ``${NAME-word}``; ("", "", "")
+    for any other form (``=``, ``?``, ``+``, ``#``, ``%``: corral does not follow)."""
+    for op in (":-", "-"):
+        name, sep, word = body.partition(op)
+        if sep and _name(name):
+            return name, op, word
+    return "", "", ""
 
 
 def _name(text: str) -> bool:
@@ -423,16 +453,22 @@ class _Reader:
             for a in args)
         neighbours = not safe and (base.startswith(("python", "pypy")) or base in (
             "node", "nodejs", "deno", "bun"))
+        # A folder given to a program that runs code may be run (python dir runs its
+        # __main__.py); one given to any other program is only read (black --check .).
+        role = "argument" if kind else "operand"
         for a in args:
             if a.known and not a.data:
                 if neighbours and not a.text.startswith("-"):
                     self.name(a, "script")
                 else:
-                    self.path_word(a)
-                code = self.argument(a)  # (an interpreter's code is not sh: refused below)
+                    self.path_word(a, role)
+                code = self.argument(a, role)  # (an interpreter's code is not sh: see below)
                 runs += code if kind != "interpreter" else []
             if not a.known or a.data:
-                if not a.data and kind:
+                # What follows a script (or sh -c's code) is the script's arguments, data
+                # to the interpreter (review 37: VS Code's credential helper, `node x.js
+                # git-credential-helper $*`); a wrapper's or runner's, not
+                if not a.data and kind and not (script and kind in ("shell", "interpreter")):
                     self.cannot(a.opaque, a)
                 continue
             if code_next:
@@ -457,7 +493,7 @@ class _Reader:
             self.cannot(f"{base} running what a pipe gives it")
         return runs
 
-    def argument(self, word: _Word) -> list[str]:
+    def argument(self, word: _Word, role: str = "argument") -> list[str]:
         """Names an argument, and each piece of it after a ``=``, ``!``, ``:``, ``,``,
         ``@`` or ``+`` (``--rcfile=x``, ``less +!x``, ``-oProxyCommand=x``); returns the
         pieces that hold blanks, which a program may run as a command in turn
@@ -472,7 +508,8 @@ class _Reader:
             if _blank(piece):
                 runs.append(piece)
             elif piece:
-                self.path_word(word._replace(text=piece, slash=word.slash or "/" in piece))
+                self.path_word(word._replace(text=piece, slash=word.slash or "/" in piece),
+                               role)
         return runs
 
     def chdir_option(self, base: str, args: list[_Word]) -> None:
@@ -494,10 +531,10 @@ class _Reader:
             if target is not None:
                 self.cd([target])
 
-    def path_word(self, word: _Word) -> None:
+    def path_word(self, word: _Word, role: str = "argument") -> None:
         """An argument: a file by its name, and, bare, a program on the PATH the command
         sets (``env PATH=~/bin fsm``)."""
-        self.name(word, "argument")
+        self.name(word, role)
         if not word.slash:
             self.on_path(word)
 

@@ -428,10 +428,10 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
             findings += repos.global_named(scope)  # even where no repository is (review 30)
         for tree in roots.trees:
             findings += discover.scan(tree, scope, policy.allow_secrets, policy.protect)
-        # What each hg repository's config names (its own hooks run on `hg status`)
-        for f in [f for f in findings if f.action == "protect" and
-                  f.path.endswith(("/.hg/hgrc", "/.hg/hgrc-not-shared"))]:
-            findings += repos.hg_named(scope, f.path, os.path.dirname(os.path.dirname(f.path)))
+        # What each hg repository reads and runs names (its hooks run on `hg status`)
+        for hgdir in sorted({os.path.dirname(f.path) for f in findings
+                             if f.path.endswith("/.hg/hgrc")}):
+            findings += repos.hg_repository(scope, hgdir)
         findings += _listed_read_only(policy, home, writable)
         with fsops.acting_as(owner):
             findings += discover.home_links(scope, home)
