@@ -1543,3 +1543,35 @@ def test_what_an_hg_config_names_is_audited_as_gits_is(who: Identity) -> None:
     # (and hg's own __pycache__ of the control's run, made during the run too)
     assert [d for d in r["did"] if "__pycache__" not in d] == [
         "n/tools/lint.sh", "r/fsm.sh", "r/hghooks/__init__.py", "tools/hg.rc"], r
+
+
+def test_a_module_a_hook_runs_with_python_m_is_audited(who: Identity) -> None:
+    """Review 37: pre-commit's hook runs ``python -mpre_commit`` from the work tree's
+    top, where ``-m`` looks first: a ``pre_commit`` package planted there ran at the
+    user's next commit.  What a hook imports that way is watched now (and read-only where
+    it is).  Control: before the audit host git's commit runs the plant."""
+    r = as_identity(who, f"""
+        base = {str(who.tmp)!r}
+        top, q, marks = workspace(base)
+        os.environ.update(HOME=base, GIT_CONFIG_GLOBAL=os.path.join(base, "gc"))
+        git(top, "init", "-q")
+        write(os.path.join(top, ".git/hooks/pre-commit"),
+              f"#!/bin/sh\\nexec {{sys.executable}} -mpre_commit\\n")
+        census = audit.census_of_tree(top, None, audit.protected_names())
+        later()
+        write(os.path.join(top, "pre_commit/__main__.py"),
+              f"open('{{marks}}/pre_commit', 'w')\\n", 0o644)
+        def host():
+            subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit",
+                            "-q", "--allow-empty", "-m", "x"], cwd=top, capture_output=True)
+            return taken(marks)
+        before = host()
+        actions = audit.Auditor(census, lambda: q).run()
+        after = host()
+        print(json.dumps({{"before": before, "after": after,
+                          "did": sorted(os.path.relpath(a.path, top) for a in actions
+                                        if a.did == "quarantined")}}))
+    """)
+    assert r["before"] == ["pre_commit"], r  # the control: the commit ran it
+    assert r["after"] == [], r
+    assert r["did"] == ["pre_commit"], r

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from collections.abc import Iterator
 
@@ -198,6 +199,54 @@ def config_named(scope: Scope, gitdir: str, worktree: str,
         ordered += more
         yield from included
     yield from _named(scope, [*scope.inherited, *ordered], worktree)
+    values = [v for n, v in [*scope.inherited, *ordered] if n == "core.hookspath" and v]
+    hooks = gitconfig.expand(values[-1], scope.home) if values else None
+    yield from _hook_modules(scope, os.path.join(worktree, hooks) if hooks else
+                             os.path.join(common or gitdir, "hooks"), worktree)
+
+
+# A hook that runs `python -m NAME` (pre-commit's: `"$INSTALL_PYTHON" -mpre_commit`)
+MODULE_RUN = re.compile(rb"(?<![\w-])-m\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
+HOOK_READ_CAP = 1 << 16  # bytes of a hook read for what it runs
+
+
+def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
+    """What a hook's ``python -m NAME`` imports from the work tree's top, where git runs
+    hooks and where ``-m`` looks first (review 37: pre-commit's hook runs
+    ``python -mpre_commit``, and a ``pre_commit`` package planted there runs at the next
+    commit): ``NAME.py``, ``NAME/``, ``NAME.pyc`` and its extension modules, read-only
+    where they are, watched where they are not."""
+    folder = land(hooks, scope.roots, "a folder of hooks")
+    if folder.st is None or not stat.S_ISDIR(folder.st.st_mode):
+        return
+    try:
+        names = os.listdir(folder.path)
+    except OSError:
+        return
+    modules: set[str] = set()
+    for name in names:
+        if name.endswith(".sample"):
+            continue
+        spot = land(os.path.join(hooks, name), scope.roots, "a hook")
+        if spot.st is None or not stat.S_ISREG(spot.st.st_mode):
+            continue
+        with small.suppress(OSError):
+            data = spot.tree.read(spot.rel, HOOK_READ_CAP) if spot.tree is not None else \
+                fsops.read_file(spot.path, HOOK_READ_CAP)
+            modules.update(m.decode() for m in MODULE_RUN.findall(data or b""))
+    arch = os.uname().machine
+    for module in sorted(modules):
+        files = [module, f"{module}.py", f"{module}.pyc", f"{module}.so", f"{module}.abi3.so",
+                 *(f"{module}.cpython-3{minor}-{arch}-linux-gnu.so" for minor in range(8, 16))]
+        for file in files:
+            spot = land(os.path.join(worktree, file), scope.roots, "a module a hook runs")
+            if spot.tree is None:
+                continue
+            why = f"a module a hook runs with python -m ({module})"
+            if spot.st is None:
+                yield Finding(spot.path, "watch", "file", why)
+            else:
+                yield from _protect(scope, spot.path, why, "file")
 
 
 def _common_dir(scope: Scope, gitdir: str) -> str | None:
