@@ -1548,19 +1548,24 @@ def test_what_an_hg_config_names_is_audited_as_gits_is(who: Identity) -> None:
 def test_a_module_a_hook_runs_with_python_m_is_audited(who: Identity) -> None:
     """Review 37: pre-commit's hook runs ``python -mpre_commit`` from the work tree's
     top, where ``-m`` looks first: a ``pre_commit`` package planted there ran at the
-    user's next commit.  What a hook imports that way is watched now (and read-only where
-    it is).  Control: before the audit host git's commit runs the plant."""
+    user's next commit; review 38: ``-Bm`` too, and every module the run imports
+    (``argparse`` for ``-m json.tool``).  What a hook may import that way is watched now
+    (and read-only where it is).  Control: before the audit host git's commit runs both
+    plants."""
     r = as_identity(who, f"""
         base = {str(who.tmp)!r}
         top, q, marks = workspace(base)
         os.environ.update(HOME=base, GIT_CONFIG_GLOBAL=os.path.join(base, "gc"))
         git(top, "init", "-q")
         write(os.path.join(top, ".git/hooks/pre-commit"),
-              f"#!/bin/sh\\nexec {{sys.executable}} -mpre_commit\\n")
+              f"#!/bin/sh\\nexec {{sys.executable}} -Bmpre_commit\\n")
+        write(os.path.join(top, ".git/hooks/post-commit"),
+              f"#!/bin/sh\\n{{sys.executable}} -m json.tool --help >/dev/null\\n")
         census = audit.census_of_tree(top, None, audit.protected_names())
         later()
         write(os.path.join(top, "pre_commit/__main__.py"),
               f"open('{{marks}}/pre_commit', 'w')\\n", 0o644)
+        write(os.path.join(top, "argparse.py"), f"open('{{marks}}/argparse', 'w')\\n", 0o644)
         def host():
             subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit",
                             "-q", "--allow-empty", "-m", "x"], cwd=top, capture_output=True)
@@ -1572,6 +1577,6 @@ def test_a_module_a_hook_runs_with_python_m_is_audited(who: Identity) -> None:
                           "did": sorted(os.path.relpath(a.path, top) for a in actions
                                         if a.did == "quarantined")}}))
     """)
-    assert r["before"] == ["pre_commit"], r  # the control: the commit ran it
+    assert r["before"] == ["argparse", "pre_commit"], r  # the control: the commit ran both
     assert r["after"] == [], r
-    assert r["did"] == ["pre_commit"], r
+    assert r["did"] == ["argparse.py", "pre_commit"], r

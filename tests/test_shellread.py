@@ -111,6 +111,12 @@ def test_what_it_cannot_follow_it_says(monkeypatch: pytest.MonkeyPatch) -> None:
     assert shellread.read("${CORRAL_UNSET_X:-vi} x", HOME).unknown == ""
     assert shellread.read("f() { /n/node /tmp/x.js helper $*; }; f", HOME).unknown == ""
     assert cannot("f() { env $*; }; f")[1]  # a wrapper's: what it runs
+    # Review 38: an option's value is no script; the shell's and the tools' own folders
+    assert cannot("sh -o errexit *.sh")[0] == "a pattern the shell expands (*)"
+    assert cannot("/usr/bin/python3 -P -W ignore *.py")[0] == "a pattern the shell expands (*)"
+    assert named("sh $PWD/fsm.sh") == named('sh "${PWD}/fsm.sh"') == ["./fsm.sh"]
+    assert named("sh $HG_PENDING/lint.sh") == ["./lint.sh"]
+    assert cannot("sh $GIT_DIR/x")[1]
     assert cannot("sh $(echo fsm.sh)")[:2] == ("the output of a command", True)
     assert cannot("python3 -m watcher")[1] and cannot("python3 -c x")[:2] == (
         "code given to python3", True)

@@ -39,6 +39,7 @@ import errno
 import os
 import re
 import stat
+import sys
 from collections.abc import Iterator
 
 from . import fsops, gitconfig, hgrc, shellread, small
@@ -205,48 +206,86 @@ def config_named(scope: Scope, gitdir: str, worktree: str,
                              os.path.join(common or gitdir, "hooks"), worktree)
 
 
-# A hook that runs `python -m NAME` (pre-commit's: `"$INSTALL_PYTHON" -mpre_commit`)
-MODULE_RUN = re.compile(rb"(?<![\w-])-m\s*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
+# A hook that runs `python -m NAME` (pre-commit's: `"$INSTALL_PYTHON" -mpre_commit`), its
+# short flags joined or not (`-Bm`), and those flags; an interpreter's path in a hook
+MODULE_RUN = re.compile(rb"(?<![\w-])-([A-Za-z]*)m\s*['\"]?([A-Za-z_][A-Za-z0-9_.]*)")
+SAFE_FLAGS = re.compile(rb"(?<![\w-])-[A-Za-z]*[PI]")
+INTERPRETER = re.compile(rb"(/[^\s\"'=;|&]*python[0-9.]*)(?![\w/])")
 HOOK_READ_CAP = 1 << 16  # bytes of a hook read for what it runs
 
 
 def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
     """What a hook's ``python -m NAME`` imports from the work tree's top, where git runs
-    hooks and where ``-m`` looks first (review 37: pre-commit's hook runs
-    ``python -mpre_commit``, and a ``pre_commit`` package planted there runs at the next
-    commit): ``NAME.py``, ``NAME/``, ``NAME.pyc`` and its extension modules, read-only
-    where they are, watched where they are not."""
+    hooks: ``-m`` puts that folder first on the import path for the whole run (review
+    37: pre-commit's hook runs ``python -mpre_commit``; review 38: then every module it
+    imports, ``argparse`` as well, and ``-Bm``).  For NAME, every module of the standard
+    library and every module of the hook's interpreter's site-packages: the files and
+    regular packages of those names at the top are read-only where they are and watched
+    where they are not.  Not with ``-P`` or ``-I`` on the same line."""
     folder = land(hooks, scope.roots, "a folder of hooks")
     if folder.st is None or not stat.S_ISDIR(folder.st.st_mode):
         return
     try:
-        names = os.listdir(folder.path)
+        entries = os.listdir(folder.path)
     except OSError:
         return
-    modules: set[str] = set()
-    for name in names:
-        if name.endswith(".sample"):
+    runs: set[str] = set()
+    interpreters: set[str] = set()
+    for entry in entries:
+        if entry.endswith(".sample"):
             continue
-        spot = land(os.path.join(hooks, name), scope.roots, "a hook")
+        spot = land(os.path.join(hooks, entry), scope.roots, "a hook")
         if spot.st is None or not stat.S_ISREG(spot.st.st_mode):
             continue
+        data = b""
         with small.suppress(OSError):
-            data = spot.tree.read(spot.rel, HOOK_READ_CAP) if spot.tree is not None else \
-                fsops.read_file(spot.path, HOOK_READ_CAP)
-            modules.update(m.decode() for m in MODULE_RUN.findall(data or b""))
+            data = (spot.tree.read(spot.rel, HOOK_READ_CAP) if spot.tree is not None else
+                    fsops.read_file(spot.path, HOOK_READ_CAP)) or b""
+        for line in data.splitlines():
+            for m in MODULE_RUN.finditer(line):
+                if b"P" in m.group(1) or b"I" in m.group(1) or \
+                        SAFE_FLAGS.search(line, 0, m.start()):
+                    continue
+                runs.add(m.group(2).decode().split(".")[0])
+                interpreters.update(p.decode(errors="surrogateescape")
+                                    for p in INTERPRETER.findall(data))
+    if not runs:
+        return
+    shadows = set(sys.stdlib_module_names) | _site_modules(interpreters)
     arch = os.uname().machine
-    for module in sorted(modules):
-        files = [module, f"{module}.py", f"{module}.pyc", f"{module}.so", f"{module}.abi3.so",
-                 *(f"{module}.cpython-3{minor}-{arch}-linux-gnu.so" for minor in range(8, 16))]
+    for module in sorted(runs | shadows):
+        files = [f"{module}.py", f"{module}.pyc", f"{module}.so", f"{module}.abi3.so",
+                 *(f"{module}.cpython-3{minor}-{arch}-linux-gnu.so" for minor in range(8, 16)),
+                 f"{module}/__init__.py", f"{module}/__init__.pyc"]
+        if module in runs:
+            files.append(module)  # (its own folder: a namespace package with __main__)
         for file in files:
             spot = land(os.path.join(worktree, file), scope.roots, "a module a hook runs")
             if spot.tree is None:
                 continue
-            why = f"a module a hook runs with python -m ({module})"
+            why = f"a module a hook's python -m may import ({module})"
             if spot.st is None:
                 yield Finding(spot.path, "watch", "file", why)
-            else:
+            elif not stat.S_ISDIR(spot.st.st_mode) or module in runs:
                 yield from _protect(scope, spot.path, why, "file")
+
+
+def _site_modules(interpreters: set[str]) -> set[str]:
+    """The top-level module names in the site-packages of the interpreters a hook
+    names (``INSTALL_PYTHON=/venv/bin/python3``)."""
+    names: set[str] = set()
+    for interpreter in interpreters:
+        lib = os.path.join(os.path.dirname(os.path.dirname(interpreter)), "lib")
+        with small.suppress(OSError):
+            for version in os.listdir(lib):
+                site = os.path.join(lib, version, "site-packages")
+                with small.suppress(OSError):
+                    for entry in os.listdir(site):
+                        stem = entry.split(".")[0]
+                        if stem.isidentifier() and not entry.endswith(
+                                (".dist-info", ".egg-info", ".pth")):
+                            names.add(stem)
+    return names
 
 
 def _common_dir(scope: Scope, gitdir: str) -> str | None:

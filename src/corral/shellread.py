@@ -39,6 +39,19 @@ SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "ash", "mksh", "yash", "posh"}
 INTERPRETERS = {"perl", "ruby", "node", "nodejs", "php", "lua", "luajit", "tclsh", "wish",
                 "Rscript", "pwsh", "deno", "bun", "osascript"}
 CODE_OPTIONS = {"-c", "-m", "-e", "-E", "-r", "-p", "--eval", "--print", "-x"}
+# Options of shells and interpreters whose value is the next word (sh -o errexit, python
+# -W ignore, node -r mod, ruby -I dir): that word is no script
+VALUE_OPTIONS = {"-o", "+o", "-O", "+O", "-W", "-X", "-r", "-I", "-C", "-E", "-x", "-e",
+                 "-p", "-c", "-m", "-M", "--rcfile", "--init-file", "--require", "--import",
+                 "--loader", "--conditions", "--input-type", "--env-file", "-S"}
+# Variables the shell or the tool sets itself: the folder it runs in (as "."), values no
+# file is named by, and folders corral cannot tell (review 38: `sh $PWD/fsm.sh`, an hg
+# hook's `$HG_PENDING/lint.sh`)
+HERE = {"PWD", "GIT_WORK_TREE", "HG_PENDING"}
+UNTOLD = {"OLDPWD", "_", "IFS", "GIT_DIR", "GIT_COMMON_DIR", "GIT_PREFIX", "GIT_INDEX_FILE",
+          "GIT_OBJECT_DIRECTORY", "GIT_ALTERNATE_OBJECT_DIRECTORIES", "GIT_EXEC_PATH",
+          "HG_SHAREDPENDING", "HG_ROOT", "HG_REPO", "HG_URL"}
+NUMBERS = {"PPID", "RANDOM", "LINENO", "SECONDS", "SHLVL"}
 # Programs that run commands built from their input or arguments: never followed.
 RUNNERS = {"sed", "awk", "gawk", "mawk", "nawk", "busybox", "xargs", "find", "parallel",
            "watch", "make", "gmake", "npm", "npx", "yarn", "pnpm", "trap",
@@ -209,7 +222,8 @@ class _Lexer:
                 return self._variable(body, parts)
             name, op, word = _default_form(body)
             if name and name not in self.assigned and name != "HOME" and not (
-                    name in GIVEN or name.startswith(("GIT_", "HG_"))):
+                    name in GIVEN or name in HERE or name in UNTOLD or name in NUMBERS
+                    or name.startswith(("GIT_", "HG_"))):
                 value = os.environ.get(name)
                 if value is not None and (value or ":" not in op):
                     parts.append(value)  # ${EDITOR:-vi}: set, its value
@@ -243,7 +257,12 @@ class _Lexer:
             return self._cannot(f"the variable ${name}, which the command sets")
         if name == "HOME":
             parts.append(self.home)
-        elif name in GIVEN or name.startswith(("GIT_", "HG_")) or name in SPECIAL:
+        elif name in HERE:
+            parts.append(".")  # (relative: resolved from where the command runs)
+        elif name in UNTOLD:
+            self._cannot(f"the variable ${name}, a folder corral cannot tell")
+        elif name in GIVEN or name.startswith(("GIT_", "HG_")) or name in SPECIAL \
+                or name in NUMBERS:
             self.data = True
         elif name in os.environ:
             # The user's own variable, as the launcher has it (review 37: core.editor =
@@ -444,7 +463,7 @@ class _Reader:
         if base in PLAIN:
             return []  # (what they print goes to git, or to a pipe read below)
         runs: list[str] = []
-        code_next, script = False, False
+        code_next, script, value_next = False, False, False
         # Python puts a script's folder first on its import path, and node looks for
         # modules in the folders above a script: a planted json.py or node_modules beside
         # it runs (review 34).  Not with python -P or -I.
@@ -458,7 +477,8 @@ class _Reader:
         role = "argument" if kind else "operand"
         for a in args:
             if a.known and not a.data:
-                if neighbours and not a.text.startswith("-"):
+                if neighbours and not a.text.startswith("-") and not script \
+                        and not value_next:  # (its first operand; the rest are its own)
                     self.name(a, "script")
                 else:
                     self.path_word(a, role)
@@ -487,8 +507,11 @@ class _Reader:
                 self.cannot(f"code given to {base}" if a.text != "-m" else
                             f"{base} -m, which imports from the folder git runs it in "
                             f"(unless {base} -P)")
-            elif not a.text.startswith("-"):
+            elif not a.text.startswith(("-", "+")) and not value_next:
                 script = True
+            # A word after an option that takes one is that option's value, not the
+            # script (review 38: `sh -o errexit *.sh`, `python3 -P -W ignore *.py`)
+            value_next = a.text in VALUE_OPTIONS
         if piped and kind in ("shell", "interpreter") and not script:
             self.cannot(f"{base} running what a pipe gives it")
         return runs
