@@ -117,3 +117,18 @@ def test_commands_and_paths_git_would_run_or_follow() -> None:
     assert gitconfig.expand("~/a", "/home/u") == "/home/u/a"
     assert gitconfig.expand("%(prefix)/etc", "/home/u") is None
     assert gitconfig.expand("rel/a", "/home/u") == "rel/a"
+
+
+def test_a_hooks_python_m_may_import_any_module_of_its_interpreters_folders() -> None:
+    """Review 39: ``sys.stdlib_module_names`` misses modules the standard library imports
+    by name (``-m venv`` imports ``_sysconfigdata__<arch>``): the names are read from the
+    interpreter's folders themselves."""
+    import sys
+    import sysconfig
+
+    from corral import repos
+
+    names = repos._site_modules({sys.executable})
+    data = sysconfig._get_sysconfigdata_name()  # type: ignore[attr-defined]
+    assert data in names and data not in sys.stdlib_module_names
+    assert {"json", "argparse", "pytest"} <= names  # (pytest: this venv's site-packages)

@@ -265,7 +265,7 @@ def census_of_tree(top: str, owner: tuple[int, int] | None, names: frozenset[str
         named, hook_folders = _config_named(tree, owner, gitdirs, linked, gitfiles, hgdirs)
         for path, kind in named.items():
             rel = os.path.relpath(path, tree.root)
-            if tree.lstat(rel) is None:
+            if kind == "missing" or tree.lstat(rel) is None:
                 continue  # one made during the run is new
             protected.add(path)
             _identities(tree, rel, kind, folders)
@@ -324,8 +324,10 @@ def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[
             found += repos.hg_repository(scope, hgdir)
         hook_folders += repos.hook_folders(inherited)
     top = os.path.normpath(tree.root)
-    named = {f.path: f.kind for f in found if f.action in ("protect", "watch")
-             and os.path.normpath(f.path) != top}  # (the whole workspace: not a hook folder)
+    # Watched: missing at launch, nothing to look at now ("missing")
+    named = {f.path: "missing" for f in found if f.action == "watch"}
+    named.update({f.path: f.kind for f in found if f.action == "protect"
+                  and os.path.normpath(f.path) != top})  # (the workspace: not a hook folder)
     return named, tuple(dict.fromkeys(hook_folders))
 
 
@@ -527,10 +529,20 @@ class Auditor:
         """What the repositories' configs name (:attr:`Census.named`), by its path: as a
         protected path is, made or changed during the run, a link on the way included."""
         top = tree.root.rstrip("/") + "/"
+        listings: dict[str, set[str] | None] = {}  # a folder's names, listed once
         for path in sorted(self.census.named):
             if not path.startswith(top) or os.path.basename(path) in self.census.names:
                 continue  # another tree's, or judged by the walk already
             rel = path[len(top):]
+            parent, _, name = rel.rpartition("/")
+            if parent not in listings:  # (a hook's python -m names thousands, most absent)
+                try:
+                    listings[parent] = {e.name for e in tree.scandir(parent)}
+                except OSError:  # gone, or a link on the way: looked at one by one below
+                    listings[parent] = None
+            there = listings[parent]
+            if there is not None and name not in there:
+                continue  # nothing there now: nothing to take
             try:
                 try:
                     st = tree.lstat(rel)

@@ -211,7 +211,18 @@ def config_named(scope: Scope, gitdir: str, worktree: str,
 MODULE_RUN = re.compile(rb"(?<![\w-])-([A-Za-z]*)m\s*['\"]?([A-Za-z_][A-Za-z0-9_.]*)")
 SAFE_FLAGS = re.compile(rb"(?<![\w-])-[A-Za-z]*[PI]")
 INTERPRETER = re.compile(rb"(/[^\s\"'=;|&]*python[0-9.]*)(?![\w/])")
+BARE_PYTHON = re.compile(rb"(?<![\w/.-])(python[0-9.]*)(?![\w/])")
 HOOK_READ_CAP = 1 << 16  # bytes of a hook read for what it runs
+
+
+def _on_path(name: str) -> str:
+    """Where the launcher's PATH finds ``name`` (as the user's shell would), resolved;
+    nothing is run.  "" when it is nowhere."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        path = os.path.join(folder, name)
+        if os.path.isabs(path) and os.access(path, os.X_OK):
+            return os.path.realpath(path)
+    return ""
 
 
 def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
@@ -249,8 +260,16 @@ def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
                 runs.add(m.group(2).decode().split(".")[0])
                 interpreters.update(p.decode(errors="surrogateescape")
                                     for p in INTERPRETER.findall(data))
+                interpreters.update(_on_path(p.decode()) for p in BARE_PYTHON.findall(data))
     if not runs:
         return
+    top = land(worktree, scope.roots, "a work tree")
+    if top.tree is None or top.st is None or not stat.S_ISDIR(top.st.st_mode):
+        return
+    try:
+        there = set(os.listdir(top.path))  # (one listing: most of these names are absent)
+    except OSError:
+        there = None
     shadows = set(sys.stdlib_module_names) | _site_modules(interpreters)
     arch = os.uname().machine
     for module in sorted(runs | shadows):
@@ -259,11 +278,14 @@ def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
                  f"{module}/__init__.py", f"{module}/__init__.pyc"]
         if module in runs:
             files.append(module)  # (its own folder: a namespace package with __main__)
+        why = f"a module a hook's python -m may import ({module})"
         for file in files:
-            spot = land(os.path.join(worktree, file), scope.roots, "a module a hook runs")
+            if there is not None and file.split("/")[0] not in there:
+                yield Finding(os.path.join(top.path, file), "watch", "file", why)
+                continue
+            spot = land(os.path.join(top.path, file), scope.roots, "a module a hook runs")
             if spot.tree is None:
                 continue
-            why = f"a module a hook's python -m may import ({module})"
             if spot.st is None:
                 yield Finding(spot.path, "watch", "file", why)
             elif not stat.S_ISDIR(spot.st.st_mode) or module in runs:
@@ -271,20 +293,30 @@ def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
 
 
 def _site_modules(interpreters: set[str]) -> set[str]:
-    """The top-level module names in the site-packages of the interpreters a hook
-    names (``INSTALL_PYTHON=/venv/bin/python3``)."""
+    """Every module name the interpreters a hook names (``INSTALL_PYTHON=/venv/bin/python3``),
+    and corral's own, can import from their own folders: the standard library's files as
+    they are there, not only ``sys.stdlib_module_names`` (review 39: ``-m venv`` imports
+    ``_sysconfigdata__x86_64-linux-gnu``), ``lib-dynload``, and ``site-packages`` and
+    Debian's ``dist-packages``."""
+    folders = [p for p in sys.path if os.path.isabs(p)]
+    for interpreter in filter(os.path.isabs, interpreters):
+        prefix = os.path.dirname(os.path.dirname(interpreter))
+        for lib in (os.path.join(prefix, "lib"), os.path.join(prefix, "local", "lib")):
+            with small.suppress(OSError):
+                for version in os.listdir(lib):
+                    if version.startswith("python"):
+                        base = os.path.join(lib, version)
+                        folders += [base, os.path.join(base, "lib-dynload"),
+                                    os.path.join(base, "site-packages"),
+                                    os.path.join(base, "dist-packages")]
     names: set[str] = set()
-    for interpreter in interpreters:
-        lib = os.path.join(os.path.dirname(os.path.dirname(interpreter)), "lib")
+    for folder in dict.fromkeys(folders):
         with small.suppress(OSError):
-            for version in os.listdir(lib):
-                site = os.path.join(lib, version, "site-packages")
-                with small.suppress(OSError):
-                    for entry in os.listdir(site):
-                        stem = entry.split(".")[0]
-                        if stem.isidentifier() and not entry.endswith(
-                                (".dist-info", ".egg-info", ".pth")):
-                            names.add(stem)
+            for entry in os.listdir(folder):
+                if entry == "__pycache__" or entry.endswith((".dist-info", ".egg-info",
+                                                             ".pth", ".egg-link")):
+                    continue
+                names.add(entry.split(".")[0])
     return names
 
 
