@@ -117,6 +117,9 @@ def test_what_it_cannot_follow_it_says(monkeypatch: pytest.MonkeyPatch) -> None:
     assert named("sh $PWD/fsm.sh") == named('sh "${PWD}/fsm.sh"') == ["./fsm.sh"]
     assert named("sh $HG_PENDING/lint.sh") == ["./lint.sh"]
     assert cannot("sh $GIT_DIR/x")[1]
+    # Review 40: a tool that runs the project's code from the folder it is given
+    assert cannot("/venv/bin/pytest -q tests")[:2] == (
+        "pytest, which runs commands corral cannot read", True)
     assert cannot("sh $(echo fsm.sh)")[:2] == ("the output of a command", True)
     assert cannot("python3 -m watcher")[1] and cannot("python3 -c x")[:2] == (
         "code given to python3", True)

@@ -57,7 +57,13 @@ RUNNERS = {"sed", "awk", "gawk", "mawk", "nawk", "busybox", "xargs", "find", "pa
            "watch", "make", "gmake", "npm", "npx", "yarn", "pnpm", "trap",
            # an alias is text the shell reads again, later (review 35); bash's enable -f
            # loads a builtin from a file
-           "alias", "enable"}
+           "alias", "enable",
+           # Review 40: tools that run the project's code, from the folder they are given
+           # or run in (pytest's conftest.py, a setup or config file that is a program)
+           "pytest", "py.test", "tox", "nox", "pre-commit", "sphinx-build", "pylint",
+           "mypy", "jest", "mocha", "vitest", "eslint", "prettier", "webpack", "vite",
+           "go", "cargo", "rspec", "rake", "bundle", "gradle", "mvn", "phpunit", "ant",
+           "just", "task", "invoke", "poetry", "hatch", "pdm", "uv"}
 # Programs that run the program among their arguments.
 WRAPPERS = {"env", "exec", "command", "builtin", "nohup", "timeout", "nice", "ionice",
             "sudo", "doas", "time", "stdbuf", "setsid", "chrt", "taskset", "unbuffer",
