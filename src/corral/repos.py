@@ -245,7 +245,11 @@ def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
     for entry in entries:
         if entry.endswith(".sample"):
             continue
-        spot = land(os.path.join(hooks, entry), scope.roots, "a hook")
+        path = os.path.join(folder.path, entry)
+        with small.suppress(OSError):
+            if stat.S_ISLNK(os.lstat(path).st_mode):  # (its target: see _hook_links)
+                path = os.path.realpath(path)
+        spot = land(path, scope.roots, "a hook")
         if spot.st is None or not stat.S_ISREG(spot.st.st_mode):
             continue
         data = b""
