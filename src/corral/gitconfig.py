@@ -20,7 +20,7 @@ import os
 import pwd
 from collections.abc import Iterator
 
-__all__ = ["MAX_INCLUDE_DEPTH", "ConfigError", "commands", "expand", "is_bool",
+__all__ = ["MAX_INCLUDE_DEPTH", "ConfigError", "commands", "expand", "is_bool", "last",
            "parse"]
 
 MAX_INCLUDE_DEPTH = 10  # git's own limit on nested includes
@@ -211,6 +211,12 @@ def split_name(name: str) -> tuple[str, str | None, str]:
     section, _, rest = name.partition(".")
     sub, _, key = rest.rpartition(".")
     return section, (sub if _ else None), key
+
+
+def last(entries: list[tuple[str, str | None]], name: str) -> str | None:
+    """The value of ``name`` git uses: the last non-empty one."""
+    values = [v for n, v in entries if n == name and v]
+    return values[-1] if values else None
 
 
 def is_bool(value: str | None) -> bool:

@@ -42,7 +42,7 @@ import stat
 import sys
 from collections.abc import Iterator
 
-from . import fsops, gitconfig, hgrc, shellread, small
+from . import fsops, gitconfig, hgrc, interp, shellread, small
 from .errors import UsageError
 from .fswalk import walk
 from .guard import SELF_COMMONDIR, Finding
@@ -200,8 +200,8 @@ def config_named(scope: Scope, gitdir: str, worktree: str,
         ordered += more
         yield from included
     yield from _named(scope, [*scope.inherited, *ordered], worktree)
-    values = [v for n, v in [*scope.inherited, *ordered] if n == "core.hookspath" and v]
-    hooks = gitconfig.expand(values[-1], scope.home) if values else None
+    last = gitconfig.last([*scope.inherited, *ordered], "core.hookspath")
+    hooks = gitconfig.expand(last, scope.home) if last else None
     yield from _hook_modules(scope, os.path.join(worktree, hooks) if hooks else
                              os.path.join(common or gitdir, "hooks"), worktree)
 
@@ -213,16 +213,6 @@ SAFE_FLAGS = re.compile(rb"(?<![\w-])-[A-Za-z]*[PI]")
 INTERPRETER = re.compile(rb"(/[^\s\"'=;|&]*python[0-9.]*)(?![\w/])")
 BARE_PYTHON = re.compile(rb"(?<![\w/.-])(python[0-9.]*)(?![\w/])")
 HOOK_READ_CAP = 1 << 16  # bytes of a hook read for what it runs
-
-
-def _on_path(name: str) -> str:
-    """Where the launcher's PATH finds ``name`` (as the user's shell would), resolved;
-    nothing is run.  "" when it is nowhere."""
-    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        path = os.path.join(folder, name)
-        if os.path.isabs(path) and os.access(path, os.X_OK):
-            return os.path.realpath(path)
-    return ""
 
 
 def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
@@ -256,15 +246,21 @@ def _hook_modules(scope: Scope, hooks: str, worktree: str) -> Iterator[Finding]:
         with small.suppress(OSError):
             data = (spot.tree.read(spot.rel, HOOK_READ_CAP) if spot.tree is not None else
                     fsops.read_file(spot.path, HOOK_READ_CAP)) or b""
+        before = len(runs)
         for line in data.splitlines():
             for m in MODULE_RUN.finditer(line):
                 if b"P" in m.group(1) or b"I" in m.group(1) or \
                         SAFE_FLAGS.search(line, 0, m.start()):
                     continue
                 runs.add(m.group(2).decode().split(".")[0])
-                interpreters.update(p.decode(errors="surrogateescape")
-                                    for p in INTERPRETER.findall(data))
-                interpreters.update(_on_path(p.decode()) for p in BARE_PYTHON.findall(data))
+        if len(runs) > before:  # the interpreters this hook names: by path, or on PATH
+            interpreters.update(p.decode(errors="surrogateescape")
+                                for p in INTERPRETER.findall(data))
+            search = os.environ.get("PATH", os.defpath)
+            for bare in BARE_PYTHON.findall(data):
+                found = interp.which(bare.decode(), search)
+                if found is not None:
+                    interpreters.add(os.path.realpath(found))
     if not runs:
         return
     top = land(worktree, scope.roots, "a work tree")
@@ -349,8 +345,13 @@ def global_named(scope: Scope) -> Iterator[Finding]:
     # The hook folder against "/": a relative one means one in each repository (done
     # there).  The commands against where the user may run git outside any repository:
     # the home and the writable trees' tops.
-    starts = [scope.home, *(t.root for t in scope.roots.trees)]
-    return _named(scope, list(scope.inherited), "/", starts)
+    return _named(scope, list(scope.inherited), "/", _outside(scope))
+
+
+def _outside(scope: Scope) -> list[str]:
+    """Where the user may run git or hg outside any repository, for the commands of the
+    global configs: the home and the writable trees' tops."""
+    return [scope.home, *(t.root for t in scope.roots.trees)]
 
 
 def _commondir_placeholder(scope: Scope, tree: fsops.Tree, rel: str, make: bool) -> Finding:
@@ -508,8 +509,8 @@ def _named(scope: Scope, entries: list[tuple[str, str | None]], worktree: str,
     """The hook folder and what the commands of a config name, resolved as git resolves
     them: relative to ``worktree``, where git runs them, or to each of ``starts``."""
     for key in gitconfig.HOOK_FOLDERS:  # core.hooksPath; init.templateDir's hooks get copied
-        values = [v for n, v in entries if n == key and v]
-        path = gitconfig.expand(values[-1], scope.home) if values else None  # the last wins
+        last = gitconfig.last(entries, key)
+        path = gitconfig.expand(last, scope.home) if last else None
         if path is not None:
             yield from _protect(scope, os.path.join(worktree, path),
                                 f"a folder of hooks git's config names ({key})", "dir")
@@ -615,13 +616,11 @@ def hg_global(scope: Scope) -> tuple[tuple[tuple[str, str, str | None], ...], li
         path = hgrc.expand(raw, scope.home)
         if not os.path.isabs(path):
             continue
-        found += _protect(scope, path, "the user's global hg config", "file") \
-            if land(path, scope.roots, "an hg config").tree is not None else []
+        found += _protect(scope, path, "the user's global hg config", "file")
         more, named = hg_gather(scope, path)
         entries += more
         found += named
-    starts = [scope.home, *(t.root for t in scope.roots.trees)]
-    found += _hg_commands(scope, entries, starts)
+    found += _hg_commands(scope, entries, _outside(scope))
     return tuple(entries), found
 
 
@@ -716,10 +715,10 @@ def global_paths() -> list[str]:
 def hook_folders(entries: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
     """The relative ``core.hooksPath`` of the global config (the last one wins): git
     takes it relative to each repository's work tree, new ones too."""
-    values = [v for n, v in entries if n == "core.hookspath" and v]
-    if not values or values[-1].startswith(("/", "~")):
+    last = gitconfig.last(list(entries), "core.hookspath")
+    if not last or last.startswith(("/", "~")):
         return ()
-    return (values[-1],)
+    return (last,)
 
 
 def gitfile_target(tree: fsops.Tree, rel: str) -> str | None:
