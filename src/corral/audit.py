@@ -310,11 +310,8 @@ def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[
         # The user's own files with the user's rights (review 31: root read a root-only
         # file a user's config included, and quoted it in its refusal).
         with fsops.acting_as(owner if home != homes[0] else None):
-            inherited, more = repos.global_config(scope)
-            hg, also = repos.hg_global(scope)
-            scope = scope._replace(inherited=inherited, hg=hg)
-            found += more + also
-            found += repos.global_named(scope)
+            scope, more = repos.global_findings(scope)
+            found += more
             # What the home's start-up files link to in the workspace, as in agent mode
             # (review 31: ~/.bash_aliases a link into it, and bash ran what the run added)
             found += discover.home_links(scope, home)
@@ -322,7 +319,7 @@ def _config_named(tree: fsops.Tree, owner: tuple[int, int] | None, gitdirs: set[
             found += repos.config_named(scope, gitdir, worktree)
         for hgdir in hgdirs:  # an hg repository's configs, hooks and extensions
             found += repos.hg_repository(scope, hgdir)
-        hook_folders += repos.hook_folders(inherited)
+        hook_folders += repos.hook_folders(scope.inherited)
     top = os.path.normpath(tree.root)
     # Watched: missing at launch, nothing to look at now ("missing")
     named = {f.path: "missing" for f in found if f.action == "watch"}

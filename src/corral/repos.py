@@ -680,6 +680,17 @@ def _cannot_follow(scope: Scope, name: str, text: str, reach: shellread.Reach,
                      _advice(tool, name, "python" in reach.unknown))
 
 
+def global_findings(scope: Scope) -> tuple[Scope, list[Finding]]:
+    """The user's global git and hg configs read once, for run mode's audit and agent
+    mode alike: ``scope`` with their entries, and what they include in the writable trees
+    and name by an absolute or ``~`` path (:func:`global_config`, :func:`hg_global`,
+    :func:`global_named`).  Called with the user's rights (review 31)."""
+    inherited, found = global_config(scope)
+    hg, more = hg_global(scope)
+    scope = scope._replace(inherited=inherited, hg=hg)
+    return scope, [*found, *more, *global_named(scope)]
+
+
 def global_config(scope: Scope) -> tuple[tuple[tuple[str, str | None], ...], list[Finding]]:
     """The entries of the user's global git config files (includes inlined), and what they
     include inside the writable trees; their programs and hook folder count for every

@@ -421,11 +421,8 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
     try:
         scope = repos.Scope(roots, home, create=not dry_run)
         with fsops.acting_as(owner):  # the user's files with the user's rights (review 31)
-            inherited, findings = repos.global_config(scope)
-            hg, more = repos.hg_global(scope)
-            scope = scope._replace(inherited=inherited, hg=hg)
-            findings += more
-            findings += repos.global_named(scope)  # even where no repository is (review 30)
+            # global_named: even where no repository is (review 30)
+            scope, findings = repos.global_findings(scope)
         for tree in roots.trees:
             findings += discover.scan(tree, scope, policy.allow_secrets, policy.protect)
         # What each hg repository reads and runs names (its hooks run on `hg status`)
@@ -442,7 +439,7 @@ def _protections(policy: Policy, home: str, writable: Sequence[Entry],
         for tree in roots.trees:  # each finding is checked from its nearest tree
             mine = [f for f in findings if (held := roots.find(f.path)) and held[0] is tree]
             expected += discover.verify_unchanged(tree, mine)
-        return findings, expected, repos.hook_folders(inherited), watched
+        return findings, expected, repos.hook_folders(scope.inherited), watched
     finally:
         roots.close()
 
