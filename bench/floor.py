@@ -191,7 +191,9 @@ def interleave(variants: dict[str, Callable[[], object]], runs: int) -> dict[str
 
 
 class Phases:
-    """Wall time per phase of corral.run, by wrapping the functions it calls."""
+    """Wall time per phase of corral.run, by wrapping the functions it calls, and the
+    launcher's own CPU time in it (its thread's: what a pool of launchers shares the
+    cores with, beside the sandbox's bwrap, init and payload)."""
 
     def __init__(self) -> None:
         self.now: dict[str, float] = {}
@@ -203,11 +205,12 @@ class Phases:
         now = self.now
 
         def timed(*args: object, **kwargs: object) -> object:
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             try:
                 return real(*args, **kwargs)
             finally:
                 now[name] = now.get(name, 0.0) + time.perf_counter() - t
+                now["%" + name] = now.get("%" + name, 0.0) + time.thread_time() - c
         setattr(owner, attr, timed)
         self._undo.append(lambda: setattr(owner, attr, real))
 
@@ -255,15 +258,17 @@ class Phases:
 
     def one(self, fn: Callable[[], object]) -> None:
         self.now.clear()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         self.now["@begin"] = t0
         fn()
         self.now["total"] = time.perf_counter() - t0
+        self.now["%total"] = time.thread_time() - c0
         self.runs.append(dict(self.now))
 
     def table(self) -> list[str]:
         med = {k: statistics.median(r.get(k, 0.0) for r in self.runs)
-               for k in self.runs[0] if not k.startswith("@")}
+               for k in self.runs[0] if not k.startswith(("@", "%"))}
+        own = {k: statistics.median(r.get("%" + k, 0.0) for r in self.runs) for k in med}
         rel: dict[str, list[float]] = {}
         for r in self.runs:  # the sandbox's own life, from the supervise marks
             s = r.get("@pid1")
@@ -275,9 +280,9 @@ class Phases:
                            []).append(r["@started"] - s)
             rel.setdefault("\"started\" to \"exited\" (payload)", []).append(
                 r["@exited"] - r["@started"])
-        lines = ["| phase | median ms |", "|---|---:|"]
+        lines = ["| phase | median ms | launcher CPU ms |", "|---|---:|---:|"]
         for k, v in med.items():
-            lines.append(f"| {k} | {v * 1e3:.2f} |")
+            lines.append(f"| {k} | {v * 1e3:.2f} | {own[k] * 1e3:.2f} |")
         lines += ["", "Inside the launch, from the pipe events (absolute from the call's start "
                   "for the first):", "", "| interval | median ms |", "|---|---:|"]
         for k, vs in rel.items():
