@@ -89,6 +89,11 @@ def test_watch_ends_a_run_over_its_cpu_time() -> None:
     used[0] = 1.2
     watch.next_cpu = 0
     assert watch.check() == "timeout" and watch.limit_hit == "cpu"
+    # The last look after the run: the cgroup's final count (review 41).
+    late = Watch(workspace="/", disk_bytes=None, cpu_s=1.0, cpu_used=lambda: 0.0)
+    assert late.finish(0.9) is None and late.finish(1.3) == "timeout"
+    assert late.limit_hit == "cpu" and "1.30s" in late.note
+    assert Watch(workspace="/", disk_bytes=None, cpu_s=None).finish(5.0) is None
     # Without a cgroup to read, there is no CPU-time watch (and the policy was refused).
     assert Watch(workspace="/", disk_bytes=None, cpu_s=1.0).due() is None
 

@@ -234,6 +234,45 @@ def test_cpu_spinner_that_forks_on_sigxcpu_is_stopped(who: Identity, bwrap: str)
     assert len((ctl / "forks").read_text()) >= 2  # it outlived two CPU limits
 
 
+# The launcher sampling CPU time only once an hour: only the last look after the run can
+# see the payload's burst.  "no-last-look": the control, that look taken away (the code
+# before review 41, where only the disk had one).
+LAST_LOOK_RUNNER = """
+import sys
+import corral.watch
+from corral import cli
+corral.watch.CPU_INTERVAL_S = 3600.0
+if sys.argv[1] == "no-last-look":
+    real = corral.watch.Watch.finish
+    corral.watch.Watch.finish = lambda self, cpu_used=None: real(self)
+cli.main(sys.argv[2:])
+"""
+BURST = ("import time\ntime.sleep(0.3)\nt = time.process_time()\n"
+         "while time.process_time() - t < 0.6:\n    pass\n")
+
+
+def test_cpu_time_used_after_the_last_check_is_over_the_limit(who: Identity) -> None:
+    """Review 41: the launcher checks a run's CPU time every 100 ms while it lives; a
+    burst on every core shorter than that, ending the run, went past ``cpu`` with status
+    "exited".  The cgroup's final count is now compared with the limit."""
+    profile = _file(who, "burst.toml", '[limits]\ncpu = "0.2s"\ntimeout = "60s"\n')
+    out = {}
+    for mode in ("protected", "no-last-look"):
+        ws = _ws(who, f"ws-{mode}")
+        _file(who, f"ws-{mode}/burst.py", BURST)
+        proc = subprocess.run(
+            [*who.prefix(), "-c", LAST_LOOK_RUNNER, mode, "run", "--json", "--profile",
+             str(profile), "--workspace", str(ws), "--", "python3", "/work/burst.py"],
+            env=who.environ(), cwd=who.tmp, capture_output=True, text=True, timeout=300)
+        assert proc.stdout.strip(), proc.stderr
+        out[mode] = (proc.returncode, json.loads(proc.stdout))
+    rc, r = out["protected"]
+    assert r["status"] == "timeout" and rc == 124 and r["cpu_s"] > 0.2, r
+    assert _record(r)["limits"].get("limit_hit") == "cpu", _record(r)
+    rc, r = out["no-last-look"]  # the control: over the limit, and the run "exited"
+    assert r["status"] == "exited" and rc == 0 and r["cpu_s"] > 0.2, r
+
+
 FILLER = r"""
 import os, sys
 os.makedirs("/work/fill", exist_ok=True)

@@ -144,8 +144,14 @@ def launch_limited(sb: Sandbox, policy: Policy, facts: HostFacts, plan: Plan, ru
         if cgroup is not None:
             used = cgroup.close()
     outcome.status = limits.verdict(outcome.status, outcome.exit_code, used)
-    if outcome.status in ("exited", "signaled") and watch.finish() == "disk-limit":
-        outcome.status = "disk-limit"  # crossed in the last moments; the code stays its own
+    if outcome.status in ("exited", "signaled"):
+        # A limit crossed in the last moments: the disk's use (the exit code stays the
+        # command's own), the CPU time after the loop's last look (124, as for every
+        # "timeout": a caller reading only the exit status must not take it for success).
+        late = watch.finish(used.cpu_s if used is not None else None)
+        if late == "timeout":
+            outcome.exit_code = 124
+        outcome.status = late or outcome.status
     record = _record(plan, cgroup, watch, used)
     if lim.disk_bytes is not None and disk_why:
         record["disk_enforcement_why"] = disk_why

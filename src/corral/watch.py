@@ -23,7 +23,10 @@ about use is a lower bound whenever a measurement stopped early.
 CPU time.  RLIMIT_CPU is per process and a forking payload defeats it
 (DESIGN fact 12), so the supervision loop also reads the run's cgroup CPU
 time every 100 ms (:meth:`due`, :meth:`check`: one small read) and ends the
-run once it is over ``cpu_s`` (status ``timeout``).
+run once it is over ``cpu_s`` (status ``timeout``).  What a run uses after its
+last check (up to 100 ms on every core) is caught by :meth:`Watch.finish`, which
+compares the cgroup's final count with the limit (review 41: a burst shorter than
+one interval ended with status ``exited``, over the limit and not reported).
 """
 
 from __future__ import annotations
@@ -136,15 +139,23 @@ class Watch:
                     os.close(fd)
         self.wake_r = self.wake_w = -1
 
-    def finish(self) -> str | None:
-        """A last look after the run: "disk-limit" if what it left is over the limit."""
-        if self.disk_bytes is None:
-            return None
-        if self.limit_hit is None:
-            self._over_disk(final=True)
-        elif self.image is not None:
-            self._image_over()  # the exact figure, for the record
-        return "disk-limit" if self.limit_hit == "disk" else None
+    def finish(self, cpu_used: float | None = None) -> str | None:
+        """A last look after the run, with ``cpu_used`` the cgroup's final CPU time:
+        "disk-limit" if what it left is over the disk limit, "timeout" if it used more
+        CPU time than ``cpu_s`` (after the loop's last check), else None."""
+        if self.disk_bytes is not None:
+            if self.limit_hit is None:
+                self._over_disk(final=True)
+            elif self.image is not None:
+                self._image_over()  # the exact figure, for the record
+            if self.limit_hit == "disk":
+                return "disk-limit"
+        if (self.cpu_s is not None and self.limit_hit is None and cpu_used is not None
+                and cpu_used > self.cpu_s):
+            self.limit_hit = "cpu"
+            self.note = f"used {cpu_used:.2f}s of CPU time, limit {self.cpu_s:g}s"
+            return "timeout"
+        return None
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {}
