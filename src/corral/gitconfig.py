@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import pwd
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 __all__ = ["MAX_INCLUDE_DEPTH", "ConfigError", "commands", "expand", "is_bool", "last",
            "parse"]
@@ -213,7 +213,7 @@ def split_name(name: str) -> tuple[str, str | None, str]:
     return section, (sub if _ else None), key
 
 
-def last(entries: list[tuple[str, str | None]], name: str) -> str | None:
+def last(entries: Sequence[tuple[str, str | None]], name: str) -> str | None:
     """The value of ``name`` git uses: the last non-empty one."""
     values = [v for n, v in entries if n == name and v]
     return values[-1] if values else None

@@ -726,7 +726,7 @@ def global_paths() -> list[str]:
 def hook_folders(entries: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
     """The relative ``core.hooksPath`` of the global config (the last one wins): git
     takes it relative to each repository's work tree, new ones too."""
-    last = gitconfig.last(list(entries), "core.hookspath")
+    last = gitconfig.last(entries, "core.hookspath")
     if not last or last.startswith(("/", "~")):
         return ()
     return (last,)

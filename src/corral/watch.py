@@ -116,8 +116,11 @@ class Watch:
         if self.cpu_s is None or now < self.next_cpu:
             return None
         self.next_cpu = now + CPU_INTERVAL_S
-        used = self.cpu_used() if self.cpu_used else None
-        if used is None or used <= self.cpu_s:
+        return self._over_cpu(self.cpu_used() if self.cpu_used else None)
+
+    def _over_cpu(self, used: float | None) -> str | None:
+        """The status "timeout" (and why, for the record) when ``used`` is over ``cpu_s``."""
+        if self.cpu_s is None or used is None or used <= self.cpu_s:
             return None
         self.limit_hit, self.note = "cpu", f"used {used:.2f}s of CPU time, limit {self.cpu_s:g}s"
         return "timeout"
@@ -150,12 +153,7 @@ class Watch:
                 self._image_over()  # the exact figure, for the record
             if self.limit_hit == "disk":
                 return "disk-limit"
-        if (self.cpu_s is not None and self.limit_hit is None and cpu_used is not None
-                and cpu_used > self.cpu_s):
-            self.limit_hit = "cpu"
-            self.note = f"used {cpu_used:.2f}s of CPU time, limit {self.cpu_s:g}s"
-            return "timeout"
-        return None
+        return self._over_cpu(cpu_used) if self.limit_hit is None else None
 
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {}
