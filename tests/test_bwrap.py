@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from types import SimpleNamespace
 from typing import cast
 
@@ -10,7 +12,9 @@ import pytest
 from corral.bwrap import (
     DEV_SEAL,
     ROOT_SEAL,
+    Data,
     Mount,
+    PathHandle,
     RemountRo,
     Sandbox,
     build_ops,
@@ -38,7 +42,7 @@ BASE = Sandbox(
         usr_links=(("usr/bin", "/bin"), ("usr/lib", "/lib")),
         base=(Mount("/etc/ld.so.cache", "/etc/ld.so.cache", optional=True, copy_perms=0o444),
               Mount("/etc/ssl/certs", "/etc/ssl/certs", optional=True),
-              Mount("/opt/py/3.12", "/opt/py/3.12")),
+              Mount("/opt/py/3.12", "/opt/py/3.12", by_fd=True)),
         writable=(Mount("/runs/1/work", "/work", writable=True, by_fd=True),),
         files=(("/etc/passwd", b"x"),),
         tmp_bytes=1000,
@@ -71,11 +75,12 @@ def test_user_mode_argv_is_exact() -> None:
         "--ro-bind-try", "/etc/ssl/certs", "/etc/ssl/certs",
         "--perms", "0755", "--dir", "/opt",
         "--perms", "0755", "--dir", "/opt/py",
-        "--ro-bind", "/opt/py/3.12", "/opt/py/3.12",
-        "--bind-fd", "13", "/work",
-        "--perms", "0444", "--file", "14", "/etc/passwd",
+        # a path the launcher chose (its Python, --ro): by descriptor, no link followed
+        "--ro-bind-fd", "13", "/opt/py/3.12",
+        "--bind-fd", "14", "/work",
+        "--perms", "0444", "--file", "15", "/etc/passwd",
         "--perms", "0755", "--dir", "/run/corral",
-        "--perms", "0444", "--ro-bind-data", "15", "/run/corral/init.py",
+        "--perms", "0444", "--ro-bind-data", "16", "/run/corral/init.py",
         "--remount-ro", "/dev",  # bwrap's /dev tmpfs, then
         "--remount-ro", "/",  # the seal: the root tmpfs, copies and all, read-only last
         "--clearenv",  # the payload's variables go to the init's config: init_config()
@@ -174,3 +179,27 @@ def test_copies_only_under_etc() -> None:
     """copy_perms elsewhere (or on a writable mount) is ignored: a bind, as before."""
     ops = run_mounts((), [Mount("/opt/f", "/opt/f", copy_perms=0o444)], (), (), 1, 1)
     assert "--file" not in render(ops, Numbering())
+
+
+def test_each_use_of_a_handle_gets_a_descriptor_of_its_own(tmp_path: Path) -> None:
+    """bwrap closes every descriptor a bind, file or data argument hands it: one handle
+    bound twice (a profile's read-only ``~/.gitconfig`` that is a link to a protected file
+    in the project) made bwrap fail with "Can't stat fd N".  Each use now has its own: a
+    path handle's duplicate (the same file as opened once), data's own memfd."""
+    from corral.launch import Handles
+
+    (tmp_path / "f").write_text("x")
+    handles = Handles()
+    try:
+        handle = PathHandle(str(tmp_path / "f"), directory=False, no_links=True)
+        a, b = handles.fd(handle), handles.fd(handle)
+        assert a != b and os.fstat(a).st_ino == os.fstat(b).st_ino
+        data = Data("d", b"content")
+        c, d = handles.fd(data), handles.fd(data)
+        assert c != d and os.read(c, 100) == b"content" and os.read(d, 100) == b"content"
+        assert sorted(handles.all()) == sorted([a, b, c, d])
+    finally:
+        handles.close()
+    for fd in (a, b, c, d):
+        with pytest.raises(OSError):
+            os.fstat(fd)

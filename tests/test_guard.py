@@ -155,13 +155,13 @@ def test_agent_mounts_order() -> None:
         "--size", "50", "--perms", "1777", "--tmpfs", "/dev/shm",
         "--dev-bind", "/dev/pts", "/dev/pts",  # the devpts with max=64 bwrap's child mounted
         "--perms", "0755", "--dir", "/home/u",
-        "--ro-bind", "/home/u/.gitconfig", "/home/u/.gitconfig",
-        "--bind-fd", "6", "/home/u/.claude",
+        "--ro-bind-fd", "6", "/home/u/.gitconfig",  # by descriptor: no link followed
+        "--bind-fd", "7", "/home/u/.claude",
         "--perms", "0755", "--dir", "/home/u/dev",
-        "--bind-fd", "7", "/home/u/dev/p",
-        "--bind-fd", "8", "/home/u/dev/p/.git",
-        "--perms", "0444", "--ro-bind-data", "9", "/home/u/dev/p/.env",
-        "--ro-bind-fd", "10", "/home/u/dev/p/.git/hooks",
+        "--bind-fd", "8", "/home/u/dev/p",
+        "--bind-fd", "9", "/home/u/dev/p/.git",
+        "--perms", "0444", "--ro-bind-data", "10", "/home/u/dev/p/.env",
+        "--ro-bind-fd", "11", "/home/u/dev/p/.git/hooks",
         "--remount-ro", "/home",
         "--remount-ro", "/dev",  # bwrap's /dev tmpfs, the payload's own for a plain user
     ]

@@ -309,6 +309,28 @@ def test_read_only_extras_under_tmp_are_visible(who: Identity) -> None:
     assert (extra / "data.txt").read_text() == "shared\n"
 
 
+def test_a_read_only_folder_named_through_a_link_is_shown_with_its_credentials_hidden(
+        who: Identity) -> None:
+    """``--ro`` of a link to a folder (a dotfiles link, say) crashed the launcher with a
+    traceback in the credentials scan; now the folder the link resolves to is scanned and
+    bound by descriptor, shown at the path named, with what it holds under a credential's
+    name hidden there as in any ``--ro`` folder.  Control: the host reads the credential
+    through the same link."""
+    real = who.tmp / "dotfiles"
+    (real / "notes").mkdir(parents=True)
+    (real / "notes" / "todo.txt").write_text("shared\n")
+    (real / ".npmrc").write_text("//registry/:_authToken=SECRET-NPM\n")
+    link = who.tmp / "extra-link"
+    link.symlink_to(real)
+    for p in (real, real / "notes"):
+        p.chmod(0o755)
+    r = who.corral_json("--ro", str(link), "--", "/bin/sh", "-c",
+                        f"cat {link}/notes/todo.txt; cat {link}/.npmrc; true")
+    assert r["_rc"] == 0 and r["stdout"] == "shared\n", r
+    assert "SECRET-NPM" not in r["stdout"] + r["stderr"], r
+    assert "SECRET-NPM" in (link / ".npmrc").read_text()  # control
+
+
 WINCH_PAYLOAD = r"""
 import os, signal, sys, time
 got = []

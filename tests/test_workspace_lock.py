@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -312,3 +313,81 @@ def test_a_path_through_proc_is_refused(who: Identity) -> None:
     assert r.returncode == 125 and "goes through /proc" in r.stderr, r
     ok = who.corral("run", "--input", "/etc/hostname", "--", "/bin/cat", "/work/hostname")
     assert ok.returncode == 0 and ok.stdout == Path("/etc/hostname").read_text(), ok
+
+
+READ_ONLY_SWAP = """
+import os, sys
+from corral import agent, api, bwrap, resolve
+from corral.bwrap import BindFd, RoBind
+from corral.policy import Policy
+from corral.profiles import load_profile
+from corral.record import replace
+mode, how, home, project = sys.argv[1:5]
+shown, real = home + "/notes", home + "/notes.d"
+
+def then_swap(fn):
+    def wrapped(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        os.rename(real, real + ".old")  # what another writer does once the launch resolved
+        os.symlink(home + "/private", real)
+        return out
+    return wrapped
+
+if how == "control":  # the protection removed: read-only paths bound by path, as before
+    built = bwrap.build_ops
+    bwrap.build_ops = lambda *a, **k: [
+        RoBind(o.handle.path, o.dest) if isinstance(o, BindFd) and not o.writable
+        and o.handle.no_links else o for o in built(*a, **k)]
+cmd = ["/bin/cat", shown + "/diary.txt"]
+try:
+    if mode == "run":
+        resolve.resolve_run = then_swap(resolve.resolve_run)
+        r = api.run(cmd, Policy(read_only=(shown,)))
+    else:
+        agent.resolve_agent = then_swap(agent.resolve_agent)
+        policy = load_profile("generic")
+        policy = replace(policy, read_only=(*policy.read_only, shown))
+        r = api.run_agent(cmd, policy, project=project, capture=True, record=False)
+    print("RAN", r.status, r.exit_code, r.stdout, r.stderr)
+except Exception as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+@pytest.mark.parametrize("mode", ["run", "agent"])
+def test_a_link_swapped_in_on_the_way_to_a_read_only_path_fails_the_launch(
+        who: Identity, lab: Lab, mode: str) -> None:
+    """A ``--ro`` path was bound by path: a link another writer swapped in between the
+    resolution and bwrap's mount chose what the sandbox saw (here the user's private
+    folder in place of their notes).  Each read-only path is now opened, as resolved,
+    from / without following a link, and bound by that descriptor: the swap fails the
+    launch.  Control: the same swap with the path bound by path shows the private file."""
+    home = lab.home
+    (home / "notes.d").mkdir()
+    (home / "notes.d" / "diary.txt").write_text("mine\n")
+    (home / "notes").symlink_to(home / "notes.d")  # a link the user made: still followed
+    (home / "private").mkdir()
+    (home / "private" / "diary.txt").write_text(lab.token + "\n")
+    lab.own(home / "notes.d", home / "notes", home / "private")
+
+    def attempt(how: str) -> str:
+        if (home / "notes.d.old").exists():  # undo the last swap
+            (home / "notes.d").unlink()
+            (home / "notes.d.old").rename(home / "notes.d")
+        out = who.run([who.prefix()[-1], "-c", READ_ONLY_SWAP, mode, how, str(home),
+                       str(lab.project)], cwd=lab.project, timeout=300)
+        return out.stdout + out.stderr
+
+    try:
+        got = attempt("protected")
+        assert "REFUSED LaunchError" in got and "notes.d" in got, got  # became a link
+        assert lab.token not in got
+        ctl = attempt("control")
+        assert "RAN" in ctl and lab.token in ctl, ctl
+    finally:
+        for p in ("notes", "notes.d", "notes.d.old", "private"):
+            q = home / p
+            if q.is_symlink() or q.is_file():
+                q.unlink()
+            elif q.is_dir():
+                shutil.rmtree(q)

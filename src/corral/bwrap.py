@@ -235,7 +235,10 @@ class Mount(NamedTuple):
     source: str
     dest: str
     writable: bool = False
-    by_fd: bool = False  # open the source first; required for anything untrusted can change
+    # Open the source first (writable mounts always are); read-only, ``source`` is a resolved
+    # path, opened from / without following a link.  Required for anything untrusted can
+    # change: every path a user or profile names, as opposed to the system's own.
+    by_fd: bool = False
     optional: bool = False  # skip silently when the source does not exist
     # Copy the file (root-owned, world-readable, small: checked by the resolver and again by
     # the launcher) with these permission bits instead of binding it; honoured only under
@@ -313,8 +316,11 @@ def parents(dest: str, made: set[str], modes: Mapping[str, int] | None = None
 def mount(m: Mount, made: set[str], modes: Mapping[str, int] | None = None) -> Iterator[Op]:
     yield from parents(m.dest, made, modes)
     made.add(m.dest)
-    if m.by_fd or m.writable:
-        yield BindFd(PathHandle(m.source), m.dest, m.writable)
+    if m.writable:
+        yield BindFd(PathHandle(m.source), m.dest, True)
+    elif m.by_fd:  # a resolved path: opened without following a link, so one swapped in
+        # after the resolver settled it fails the launch instead of choosing what is shown
+        yield BindFd(PathHandle(m.source, directory=False, no_links=True), m.dest, False)
     else:
         yield RoBind(m.source, m.dest, m.optional)
 

@@ -301,9 +301,13 @@ def with_parents(findings: Sequence[Finding], scope: repos.Scope) -> list[Findin
     return list(out.values())
 
 
-def secrets_in(path: str) -> list[Finding]:
+def secrets_in(path: str, shown: str | None = None) -> list[Finding]:
     """Secret and credential names beneath the read-only folder ``path`` (outside every
-    writable tree), to hide there too.  Fails closed past MAX_EXCEPTION entries."""
+    writable tree), to hide there too.  Fails closed past MAX_EXCEPTION entries.
+
+    ``path`` is resolved (no link on the way); ``shown``, when given, is where the
+    sandbox sees it (a ``--ro`` path the user named through a link): the findings are
+    named there."""
     found = []
     with fsops.Tree(path) as tree:
         try:
@@ -315,7 +319,9 @@ def secrets_in(path: str) -> list[Finding]:
                               or (e.kind == "file" and any(fnmatch.fnmatchcase(e.name, g)
                                                            for g in CREDENTIAL_GLOBS)))
                     if secret and e.kind in ("dir", "file"):
-                        found.append(Finding(tree.path(join(here, e.name)), "hide", e.kind,
+                        at = join(here, e.name)
+                        found.append(Finding(tree.path(at) if shown is None else
+                                             os.path.join(shown, at), "hide", e.kind,
                                              "a credential inside a read-only exception"))
                     elif e.kind == "dir":
                         keep.append(e)

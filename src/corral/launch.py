@@ -76,12 +76,22 @@ class Handles:
 
     def __init__(self, preset: dict[PathHandle, int] | None = None) -> None:
         self._by_key: dict[object, int] = {}
+        self._more: list[int] = []
         self.preset = preset or {}
 
     def fd(self, item: Data | PathHandle | HostFile) -> int:
-        if item not in self._by_key:
-            given = self.preset.get(item) if isinstance(item, PathHandle) else None
-            self._by_key[item] = self._open(item) if given is None else os.dup(given)
+        """A descriptor of its own for each use: bwrap closes what a bind, a file or a
+        data argument hands it (a profile's read-only ``~/.gitconfig`` that is a link to a
+        protected file in the project is bound twice, from one handle).  A path handle
+        used again is a duplicate (the same object as resolved once); data and host
+        files are opened again (a duplicate would share the read offset)."""
+        if item in self._by_key:
+            again = (os.dup(self._by_key[item]) if isinstance(item, PathHandle)
+                     else self._open(item))
+            self._more.append(again)
+            return again
+        given = self.preset.get(item) if isinstance(item, PathHandle) else None
+        self._by_key[item] = self._open(item) if given is None else os.dup(given)
         return self._by_key[item]
 
     @staticmethod
@@ -109,13 +119,14 @@ class Handles:
         return memfd(item.name, item.content)
 
     def all(self) -> list[int]:
-        return list(self._by_key.values())
+        return [*self._by_key.values(), *self._more]
 
     def close(self) -> None:
-        for fd in self._by_key.values():
+        for fd in self.all():
             with small.suppress(OSError):
                 os.close(fd)
         self._by_key.clear()
+        self._more.clear()
 
 
 def _open_handle(path: str, flags: int, no_links: bool) -> int:
@@ -771,11 +782,13 @@ class Numbering:
     """An FdTable for --dry-run: numbers descriptors in order and opens nothing."""
 
     def __init__(self, first: int = 3) -> None:
-        self.items: dict[Data | PathHandle | HostFile, int] = {}
+        self.items: list[tuple[Data | PathHandle | HostFile, int]] = []
         self.first = first
 
     def fd(self, item: Data | PathHandle | HostFile) -> int:
-        return self.items.setdefault(item, self.first + len(self.items))
+        # a number for each use, as Handles gives a descriptor for each
+        self.items.append((item, self.first + len(self.items)))
+        return self.items[-1][1]
 
 
 def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
@@ -794,7 +807,7 @@ def dry_run_lines(sb: Sandbox, bwrap_path: str) -> list[str]:
     if sb.ptys:
         lines.append(f"# /dev/pts: a devpts with max={sb.ptys}, mounted by bwrap's child in "
                      "a private mount namespace before it execs bwrap")
-    for item, fd in fds.items.items():
+    for item, fd in fds.items:
         what = item.name if isinstance(item, Data) else item.path
         lines.append(f"# fd {fd}: {what}")
     lines.append("# init config: " + jsonio.dumps(bwrap.init_config(sb), sort_keys=True))

@@ -327,18 +327,19 @@ def resolve_run(policy: Policy, argv: Sequence[str], host: HostFacts, workspace:
         if not os.path.exists(ro):
             raise UsageError(f"read-only path {ro} does not exist", "",
                              "create it or drop it from the policy")
-        base.append(Mount(os.path.realpath(ro), ro))
-        if os.path.isdir(ro):
+        real = os.path.realpath(ro)
+        base.append(Mount(real, ro, by_fd=True))
+        if os.path.isdir(real):
             from . import discover  # the secrets scan: only for a --ro directory
 
-            masks += [(f.path, f.kind) for f in discover.secrets_in(ro)]
+            masks += [(f.path, f.kind) for f in discover.secrets_in(real, shown=ro)]
     command = resolve_command(argv, [*visible, *prefixes, *policy.read_only],
                               os.environ.get("PATH", os.defpath), [workspace])
     prefixes.extend(command.prefixes)
     bindir = os.path.dirname(command.argv[0])
     if command.argv[0].startswith("/") and not _is_under(bindir, (WORKDIR,)):
         path.insert(len(path) - len(SYSTEM_PATH), bindir)  # its siblings (pip, npm) come first
-    base.extend(Mount(p, p) for p in dict.fromkeys(prefixes))
+    base.extend(Mount(os.path.realpath(p), p, by_fd=True) for p in dict.fromkeys(prefixes))
     # The launcher chose these (its own Python, the interpreter on its PATH, its --venv
     # and --ro paths): the payload may search (not list) the folders above them, even
     # where its user could not on the host.  Every other folder is no wider than there.

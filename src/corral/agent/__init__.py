@@ -133,10 +133,11 @@ def agent_mounts(layout: Layout) -> list[Op]:
         ops.append(Tmpfs(tree, size, 0o1777 if size else modes.get(tree, 0o755)))
     ops += [RoData(Data(path, b""), path, 0o444) for path in layout.hidden_files]
     ops += kernel_filesystems(layout.shm_bytes, layout.ptys)
-    for e in layout.read_only:
+    for e in layout.read_only:  # by descriptor: see _read_only
         ops.extend(parents(e.path, made, modes))
         made.add(e.path)
-        ops.append(RoBind(e.path, e.path))
+        ops.append(BindFd(PathHandle(e.source or e.path, e.kind == "dir", no_links=True),
+                          e.path, writable=False))
     for e in sorted(layout.writable, key=lambda e: e.path.count("/")):
         ops.extend(parents(e.path, made, modes))
         made.add(e.path)
@@ -292,18 +293,28 @@ def _listed_read_only(policy: Policy, home: str, writable: Sequence[Entry]) -> l
 def _read_only(policy: Policy, home: str, program: Sequence[tuple[str, str]],
                host: HostFacts, hidden: Sequence[str], writable: Sequence[Entry]
                ) -> list[Entry]:
+    """Read-only paths outside the writable trees, each with the path it resolves to now
+    (``source``, when it differs): the launcher opens that from / without following a
+    link, so a link another process swaps in on the way afterwards fails the launch
+    instead of choosing what the sandbox sees (a dotfile that is a link still works)."""
     entries = []
     for raw in (*BASE_READ_ONLY, *policy.read_only):
         path = _expand(raw, home)
         if any(_under(path, e.path) for e in writable):
             continue  # inside a writable tree: a finding, mounted after it
         if os.path.lexists(path):
-            entries.append(Entry(path, "ro", "dir" if os.path.isdir(path) else "file",
-                                 "listed read-only by the profile or a flag"))
-    entries += [Entry(p, "ro", kind, "the agent's program") for p, kind in program]
+            entries.append(_resolved(Entry(path, "ro", "dir" if os.path.isdir(path) else
+                                           "file", "listed read-only by the profile or a flag")))
+    entries += [_resolved(Entry(p, "ro", kind, "the agent's program")) for p, kind in program]
     if any(_under(host.python, t) for t in hidden):
-        entries.append(Entry(host.python_prefix, "ro", "dir", "corral's Python, for its init"))
+        entries.append(_resolved(Entry(host.python_prefix, "ro", "dir",
+                                       "corral's Python, for its init")))
     return entries
+
+
+def _resolved(e: Entry) -> Entry:
+    real = os.path.realpath(e.path)
+    return e if real == e.path else e._replace(source=real)
 
 
 def _hidden_trees(home: str, policy: Policy, project: str) -> tuple[str, ...]:
@@ -374,7 +385,7 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     read_only = _read_only(policy, home, needs, host, hidden, writable)
     for e in read_only:  # an interpreter's installation holds its library, nobody's secrets
         if e.kind == "dir" and e.path not in (*installs, host.python_prefix):
-            findings += discover.secrets_in(e.path)
+            findings += discover.secrets_in(e.source or e.path, shown=e.path)
     findings = list({(f.path, f.action): f for f in findings}.values())
     all_writable = (*writable, *_state_entries(dirs))
     # Search (not listing) on the way to what the launcher itself chose: corral's Python,
