@@ -273,6 +273,43 @@ def test_cpu_time_used_after_the_last_check_is_over_the_limit(who: Identity) -> 
     assert r["status"] == "exited" and rc == 0 and r["cpu_s"] > 0.2, r
 
 
+DISK_LAST_LOOK_RUNNER = """
+import sys
+import corral.watch
+from corral import cli
+corral.watch.MIN_INTERVAL_S = 3600.0
+if sys.argv[1] == "no-last-look":
+    corral.watch.Watch.finish = lambda self, cpu_used=None: None
+cli.main(sys.argv[2:])
+"""
+
+
+def test_a_disk_limit_found_after_the_run_is_never_a_success(who: Identity) -> None:
+    """A run that wrote past its disk limit and exited 0 before the watcher's next look
+    was status "disk-limit" with exit status 0: a caller reading only the exit status took
+    it for a success.  The exit status is now the limit's (137, as when corral stops the
+    run), and the command's own is in the record.  Here the watcher never looks while the
+    run lives (its interval set to an hour): only the last look can find it (three files,
+    each within the per-file size limit, RLIMIT_FSIZE).  Control:
+    without the last look, the run "exited" 0."""
+    out = {}
+    for mode in ("protected", "no-last-look"):
+        ws = _ws(who, f"ws-disk-{mode}")
+        proc = subprocess.run(
+            [*who.prefix(), "-c", DISK_LAST_LOOK_RUNNER, mode, "run",
+             "--json", "--disk", "1M", "--workspace", str(ws), "--", "/bin/sh", "-c",
+             "for i in 1 2 3; do head -c 900000 /dev/zero > /work/f$i; done; exit 0"],
+            env=who.environ(), cwd=who.tmp, capture_output=True, text=True, timeout=300)
+        assert proc.stdout.strip(), proc.stderr
+        out[mode] = (proc.returncode, json.loads(proc.stdout))
+    rc, r = out["protected"]
+    assert r["status"] == "disk-limit" and rc == r["exit_code"] == 137, r
+    limits = _record(r)["limits"]
+    assert limits["limit_hit"] == "disk" and limits["command_exit_code"] == 0, limits
+    rc, r = out["no-last-look"]
+    assert r["status"] == "exited" and rc == 0, r
+
+
 FILLER = r"""
 import os, sys
 os.makedirs("/work/fill", exist_ok=True)

@@ -146,10 +146,12 @@ def _limit_flags(args: Args) -> dict[str, Any]:
     return out
 
 
-ENDINGS = {  # what the CLI says on stderr when corral, not the command, ended the run
-    "timeout": "corral: timed out ({limit}); killed the sandbox",
+# What the CLI says on stderr when a run went over a limit: corral ended it, or found it
+# over once it had ended (a burst after the last look), so the words claim no kill.
+ENDINGS = {
+    "timeout": "corral: timed out: over the {limit}",
     "oom": "corral: out of memory: the memory limit ({limit}) killed the command",
-    "disk-limit": "corral: stopped at the disk limit: the run added more than {limit} to its "
+    "disk-limit": "corral: over the disk limit: the run added more than {limit} to its "
                   "workspace",
 }
 

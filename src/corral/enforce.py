@@ -18,7 +18,7 @@ from . import cgroups, limits
 from .bwrap import PathHandle, Sandbox
 from .cgroups import RunCgroup
 from .host import HostFacts
-from .launch import Launch, Outcome
+from .launch import Launch, Outcome, limit_exit_code
 from .limits import Plan, Usage
 from .mountns import ChildMounts
 from .policy import Policy
@@ -144,15 +144,19 @@ def launch_limited(sb: Sandbox, policy: Policy, facts: HostFacts, plan: Plan, ru
         if cgroup is not None:
             used = cgroup.close()
     outcome.status = limits.verdict(outcome.status, outcome.exit_code, used)
+    own_code: int | None = None
     if outcome.status in ("exited", "signaled"):
-        # A limit crossed in the last moments: the disk's use (the exit code stays the
-        # command's own), the CPU time after the loop's last look (124, as for every
-        # "timeout": a caller reading only the exit status must not take it for success).
+        # A limit crossed in the last moments, after the loop's last look: the disk's use,
+        # the CPU time.  The exit status is the limit's, as when corral ends the run (a
+        # caller reading only it must not take the run for a success); the command's own
+        # goes in the record.
         late = watch.finish(used.cpu_s if used is not None else None)
-        if late == "timeout":
-            outcome.exit_code = 124
-        outcome.status = late or outcome.status
+        if late is not None:
+            own_code, outcome.status = outcome.exit_code, late
+            outcome.exit_code = limit_exit_code(late)
     record = _record(plan, cgroup, watch, used)
+    if own_code is not None:
+        record["command_exit_code"] = own_code
     if lim.disk_bytes is not None and disk_why:
         record["disk_enforcement_why"] = disk_why
     record["ptys"] = sb.ptys

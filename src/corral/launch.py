@@ -135,6 +135,14 @@ def _open_handle(path: str, flags: int, no_links: bool) -> int:
     return fsops.open_no_links(path, flags) if no_links else os.open(path, flags)
 
 
+def limit_exit_code(status: str) -> int:
+    """The exit status of a run corral ended, or found over a limit once it ended, with
+    ``status`` (one of LIMIT_STATUSES): 124 for "timeout", else 137 (SIGKILL's).  Never
+    the command's own, so that a caller reading only the exit status cannot take a run
+    over its limits for a success."""
+    return 124 if status == "timeout" else 128 + signal.SIGKILL
+
+
 def memfd(name: str, content: bytes) -> int:
     fd = os.memfd_create("corral-" + name.strip("/").replace("/", "-"), os.MFD_CLOEXEC)
     view = memoryview(content)
@@ -724,7 +732,7 @@ class Launch:
         started = any(e.get("event") == "started" for e in o.events)
         failure = next((e for e in o.events if e.get("event") == "error"), None)
         if o.status in LIMIT_STATUSES:
-            o.exit_code = 124 if o.status == "timeout" else 128 + signal.SIGKILL
+            o.exit_code = limit_exit_code(o.status)
             return
         if failure is not None:
             raise LaunchError(f"corral's init could not start the command: {failure['message']}",
