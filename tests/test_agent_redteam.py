@@ -928,3 +928,26 @@ def test_what_an_hg_repositorys_hooks_run_stays_read_only(who: Identity, lab: La
     naive(who, lab, plant, cwd=p)
     host(p)
     assert marker.read_text() == "ran\n"
+
+
+def test_a_writable_file_named_through_a_link_is_refused(who: Identity, lab: Lab) -> None:
+    """``--rw`` of a file that is a link (an earlier session put ``todo.txt -> ~/.bashrc``
+    there) passed the resolution (its target is inside the home) and failed only at the
+    launch's open, as "became a symlink while corral was starting".  It is refused at
+    once now, in words that say why, and nothing is written through it.  Control: the
+    real file named the same way is written."""
+    shared = lab.home / "shared"
+    shared.mkdir()
+    (shared / "real.txt").write_text("mine\n")
+    (shared / "todo.txt").symlink_to(lab.home / ".bashrc")
+    lab.own(shared)
+    try:
+        r = agent(who, lab, f"echo PLANTED >> {shared}/todo.txt; echo DONE", "--rw",
+                  str(shared / "todo.txt"))
+        assert r.returncode == 125 and "symbolic link" in r.stderr, r
+        assert "PLANTED" not in (lab.home / ".bashrc").read_text()
+        ok = agent(who, lab, f"echo WRITTEN >> {shared}/real.txt; echo DONE", "--rw",
+                   str(shared / "real.txt"))
+        assert "DONE" in ok.stdout and "WRITTEN" in (shared / "real.txt").read_text(), ok
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -333,11 +333,16 @@ def then_swap(fn):
         return out
     return wrapped
 
-if how == "control":  # the protection removed: read-only paths bound by path, as before
+def by_path(o):  # as before: read-only by path, a writable file opened following links
+    if not (isinstance(o, BindFd) and o.handle.no_links):
+        return o
+    if o.writable:
+        return o._replace(handle=o.handle._replace(no_links=False))
+    return RoBind(o.handle.path, o.dest)
+
+if how == "control":  # the protection removed
     built = bwrap.build_ops
-    bwrap.build_ops = lambda *a, **k: [
-        RoBind(o.handle.path, o.dest) if isinstance(o, BindFd) and not o.writable
-        and o.handle.no_links else o for o in built(*a, **k)]
+    bwrap.build_ops = lambda *a, **k: [by_path(o) for o in built(*a, **k)]
 cmd = ["/bin/cat", shown + "/diary.txt"]
 try:
     if mode == "run":
@@ -346,7 +351,10 @@ try:
     else:
         agent.resolve_agent = then_swap(agent.resolve_agent)
         policy = load_profile("generic")
-        policy = replace(policy, read_only=(*policy.read_only, shown))
+        if mode == "agent":
+            policy = replace(policy, read_only=(*policy.read_only, shown))
+        else:  # a writable file, its folder named through the user's link
+            policy = replace(policy, writable=(*policy.writable, shown + "/diary.txt"))
         r = api.run_agent(cmd, policy, project=project, capture=True, record=False)
     print("RAN", r.status, r.exit_code, r.stdout, r.stderr)
 except Exception as e:
@@ -354,14 +362,15 @@ except Exception as e:
 """
 
 
-@pytest.mark.parametrize("mode", ["run", "agent"])
+@pytest.mark.parametrize("mode", ["run", "agent", "agent-rw-file"])
 def test_a_link_swapped_in_on_the_way_to_a_read_only_path_fails_the_launch(
         who: Identity, lab: Lab, mode: str) -> None:
-    """A ``--ro`` path was bound by path: a link another writer swapped in between the
-    resolution and bwrap's mount chose what the sandbox saw (here the user's private
-    folder in place of their notes).  Each read-only path is now opened, as resolved,
-    from / without following a link, and bound by that descriptor: the swap fails the
-    launch.  Control: the same swap with the path bound by path shows the private file."""
+    """A ``--ro`` path was bound by path, a ``--rw`` file opened by path: a link another
+    writer swapped in on the way between the resolution and the launch chose what the
+    sandbox saw (here the user's private folder in place of their notes).  Each is now
+    opened, as resolved, from / without following a link, and bound by that descriptor:
+    the swap fails the launch.  Control: the same swap, the path opened following links,
+    shows the private file."""
     home = lab.home
     (home / "notes.d").mkdir()
     (home / "notes.d" / "diary.txt").write_text("mine\n")

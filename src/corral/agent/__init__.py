@@ -141,8 +141,10 @@ def agent_mounts(layout: Layout) -> list[Op]:
     for e in sorted(layout.writable, key=lambda e: e.path.count("/")):
         ops.extend(parents(e.path, made, modes))
         made.add(e.path)
-        ops.append(BindFd(PathHandle(e.source or e.path, e.kind == "dir"), e.path,
-                          writable=True))
+        # A tree is held (corral.workspace.held) and opened as locked; a file is not held:
+        # opened, as resolved, without following a link (see _read_only).
+        ops.append(BindFd(PathHandle(e.source or e.path, e.kind == "dir",
+                                     no_links=e.kind == "file"), e.path, writable=True))
     ops.extend(_finding_ops(layout.findings))
     return ops
 
@@ -243,15 +245,15 @@ def _writable(policy: Policy, home: str, project: str) -> list[Entry]:
             continue
         real = guard.check_writable_root(path, "writable path", home=home) \
             if os.path.isdir(path) else os.path.realpath(path)
-        if os.path.islink(path) and not _under(real, home):
-            raise UsageError(f"writable path {path} links outside the home directory", "",
-                             "point it inside your home, or drop it from the profile")
-        if os.path.islink(path) and os.path.isdir(real):  # a tree is held by descriptor
+        if os.path.islink(path):  # a link a sandbox planted would choose what is writable
             raise UsageError(f"writable path {path} is a symbolic link to {real}",
-                             "corral holds a writable tree by the folder itself",
-                             f"name {real} instead")
-        kind = "dir" if os.path.isdir(real) else "file"
-        entries.append(Entry(path, "rw", kind, "made writable by the profile or --rw"))
+                             "corral makes the file or folder itself writable, never what a "
+                             "link names", f"name {real} instead")
+        if os.path.isdir(real):
+            entries.append(Entry(path, "rw", "dir", "made writable by the profile or --rw"))
+        else:  # bound from where it resolves now, no link followed at the launch
+            entries.append(_resolved(Entry(path, "rw", "file",
+                                           "made writable by the profile or --rw")))
     return entries
 
 
@@ -367,9 +369,10 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
     search = os.environ.get("PATH", os.defpath)
     found = interp.which_command(argv, search, base_dir=project)
     writable = _writable(policy, home, project)
-    if hold is not None:
+    if hold is not None:  # a writable file is held as a read is: no sandbox writes its folder
         hold([e.path for e in writable if e.kind == "dir"],  # as given: links on the way too
-             [_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only)])
+             [*(_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only)),
+              *(e.path for e in writable if e.kind == "file")])
     state.check_apart(home, [e.path for e in writable])
     dirs = state.plan(policy, home, [e.path for e in writable])
     _check_state_alone(dirs, [*(e.path for e in writable),
