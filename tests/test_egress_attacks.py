@@ -376,8 +376,10 @@ def test_trickled_heads_cost_the_launcher_a_bounded_amount_of_cpu(who: Identity)
     assert isinstance(bounded["cpu"], float) and bounded["cpu"] < cpu_bound(bounded), bounded
     unbounded = launcher_cpu("unbounded")
     assert isinstance(unbounded["cpu"], float)
-    assert unbounded["cpu"] > cpu_bound(unbounded), (bounded, unbounded)
-    # And paired, in one test: the bounds at least halve what the launcher spends.
+    # The control, paired in one test: without the bounds the launcher spends at least
+    # twice as much.  (Not against cpu_bound: on a machine loaded by other work the
+    # unbounded launcher got 2.1 times its run's CPU, under the bound, while the bounded
+    # one still spent under a quarter of it.)
     assert bounded["cpu"] < 0.5 * unbounded["cpu"], (bounded, unbounded)
 
 

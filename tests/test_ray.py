@@ -160,4 +160,6 @@ print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", code, cluster.address], capture_output=True,
                           text=True, timeout=300, env={**os.environ}, check=False)
-    assert proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    # "ok" on a line of its own: Ray may print after it (a raylet's lagging heartbeats on
+    # a loaded machine were reported after the driver had finished).
+    assert "ok" in proc.stdout.splitlines(), (proc.stdout[-2000:], proc.stderr[-3000:])
