@@ -37,7 +37,8 @@ def cmd_agent(args: Args, cmd: list[str]) -> int:
     if args.dry_run:
         sb, layout = api.plan_agent(cmd, policy, project=project, env=env)
         for e in layout.entries():
-            print(f"{e.access:<7} {e.kind:<4} {e.path}  ({e.reason})")
+            bound = f" <- {e.source}" if e.source and e.source not in e.reason else ""
+            print(f"{e.access:<7} {e.kind:<4} {e.path}{bound}  ({e.reason})")
         print()
         print("\n".join(dry_run_lines(sb, detect().require_bwrap())))
         return 0
