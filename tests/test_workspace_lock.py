@@ -17,6 +17,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -400,3 +401,151 @@ def test_a_link_swapped_in_on_the_way_to_a_read_only_path_fails_the_launch(
                 q.unlink()
             elif q.is_dir():
                 shutil.rmtree(q)
+
+
+HELD_SWAP = """
+import os, sys
+from corral import api, fsops
+from corral.policy import Policy
+how, parent, victim = sys.argv[1:4]
+real_check = api._check_owners_way
+
+def then_swap(*args, **kwargs):  # right after the lock: the folder above, swapped
+    real_check(*args, **kwargs)
+    os.rename(parent, parent + ".moved")
+    os.symlink(victim, parent)
+
+api._check_owners_way = then_swap
+if how == "control":  # the protection removed: the held tree reached by name again
+    fsops.open_held = lambda path, flags: None
+try:
+    r = api.run(["/bin/sh", "-c", "id -u; ls /work; cat /work/notes.txt 2>&1; true"],
+                Policy(), workspace_dir=parent + "/src")
+    print("RAN", r.status, r.stdout.decode())
+except Exception as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+def test_root_reaches_a_held_workspace_through_its_lock_not_its_name(root: Identity,
+                                                                    lab: Lab) -> None:
+    """Review 42: started by root for a user's project, the user swapped the folder above
+    the locked workspace for a link to a third user's home; the owner's stat, the bind and
+    the audit then went by name, and the payload ran as that third user with their folder
+    as /work.  A held tree is now reached through the descriptor that holds it.  Control:
+    reached by name again, the same swap gives the third user's uid and file."""
+    parent = lab.home / "rev42"
+    (parent / "src").mkdir(parents=True)
+    (parent / "src" / "main.c").write_text("mine\n")
+    lab.own(parent)
+    victim = root.tmp / "victim"
+    (victim / "src").mkdir(parents=True)
+    (victim / "src" / "notes.txt").write_text(lab.token + "\n")
+    for p in (victim, victim / "src", victim / "src" / "notes.txt"):
+        os.chown(p, 65534, 65534)
+    victim.chmod(0o700)
+
+    def attempt(how: str) -> str:
+        moved = parent.with_name("rev42.moved")
+        if moved.exists():  # undo the last swap
+            parent.unlink()
+            moved.rename(parent)
+        out = root.run([sys.executable, "-c", HELD_SWAP, how, str(parent), str(victim)],
+                       timeout=300)
+        return out.stdout + out.stderr
+
+    try:
+        got = attempt("protected")
+        assert got.split()[:3] == ["RAN", "exited", str(lab.uid)], got  # the owner's uid
+        assert "main.c" in got and lab.token not in got, got
+        ctl = attempt("control")
+        assert ctl.split()[:3] == ["RAN", "exited", "65534"] and lab.token in ctl, ctl
+    finally:
+        if parent.is_symlink():
+            parent.unlink()
+        shutil.rmtree(parent.with_name("rev42.moved"), ignore_errors=True)
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+RUNS_SWAP = """
+import os, sys
+from corral import api, resolve, workspace
+from corral.policy import Policy
+how, runs, target = sys.argv[1:4]
+real = resolve.resolve_run
+
+def then_swap(*args, **kwargs):  # the run's folder is made: swapped for a link
+    out = real(*args, **kwargs)
+    [run_id] = [n for n in os.listdir(runs) if not n.startswith(".")]
+    os.rename(os.path.join(runs, run_id), os.path.join(runs, "moved"))
+    os.symlink(target, os.path.join(runs, run_id))
+    return out
+
+resolve.resolve_run = then_swap
+if how == "control":  # the protection removed: any runs directory is taken
+    workspace.check_runs_dir = lambda runs_dir: None
+try:
+    r = api.run(["/bin/true"], Policy(), runs_dir=runs)
+    print("RAN", r.status)
+except Exception as e:
+    print("REFUSED", type(e).__name__, e)
+"""
+
+
+def test_a_runs_directory_someone_else_can_change_is_refused(who: Identity, lab: Lab
+                                                             ) -> None:
+    """Review 42: corral writes the run's record, the audit's quarantine and a fresh
+    workspace in ``RUNS/<id>`` by name; in a runs directory another user could write,
+    that user swapped ``RUNS/<id>`` for a link and root wrote its record where the link
+    led.  Such a runs directory is refused: another user's (root's run), or one others
+    may write without the sticky bit (a plain user's).  Control: taken anyway, the same
+    swap puts the record in the attacker's folder."""
+    runs = who.tmp / "others-runs"
+    runs.mkdir()
+    if who.is_root:
+        os.chown(runs, lab.uid, lab.gid)
+    else:  # root's, and world-writable without the sticky bit
+        runs.chmod(0o777)
+    target = who.tmp / "attackers"
+    target.mkdir(mode=0o777)
+    target.chmod(0o777)
+    try:
+        got = who.run([who.prefix()[-1], "-c", RUNS_SWAP, "protected", str(runs),
+                       str(target)], timeout=300)
+        assert "REFUSED UsageError" in got.stdout and "runs directory" in got.stdout, got
+        assert not (target / "record.json").exists()
+        ctl = who.run([who.prefix()[-1], "-c", RUNS_SWAP, "control", str(runs), str(target)],
+                      timeout=300)
+        assert "RAN exited" in ctl.stdout and (target / "record.json").exists(), ctl
+    finally:
+        shutil.rmtree(runs, ignore_errors=True)
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def test_root_never_takes_an_owner_through_a_third_users_link(root: Identity, lab: Lab
+                                                              ) -> None:
+    """Started by root with ``--workspace`` and no ``--user``, the payload runs as the
+    folder's owner: a user's link on the way (``~/rev42 -> another user's home``) chose
+    whose folder, and so whose uid, the payload got (review 42).  Every folder on the way
+    must be the owner's or root's: refused.  Control: without that check, the payload
+    runs as the third user and reads their file."""
+    victim = root.tmp / "victim"
+    (victim / "src").mkdir(parents=True)
+    (victim / "src" / "notes.txt").write_text(lab.token + "\n")
+    for p in (victim, victim / "src", victim / "src" / "notes.txt"):
+        os.chown(p, 65534, 65534)
+    link = lab.home / "rev42-link"
+    link.symlink_to(victim)
+    os.lchown(link, lab.uid, lab.gid)
+    cmd = ["run", "--workspace", f"{link}/src", "--", "/bin/sh", "-c",
+           "id -u; cat /work/notes.txt"]
+    try:
+        r = root.corral(*cmd)
+        assert r.returncode == 125 and "reached through" in r.stderr, r
+        assert lab.token not in r.stdout
+        ctl = root.run([sys.executable, "-c", "import sys\nfrom corral import cli, workspace\n"
+                        "workspace.check_way = lambda *a: None\ncli.main(sys.argv[1:])",
+                        *cmd], timeout=300)
+        assert ctl.stdout.split()[:2] == ["65534", lab.token], ctl
+    finally:
+        link.unlink()

@@ -82,8 +82,16 @@ class Result(Record, frozen=True):
 
 
 def _workspace_owner(path: str, facts: host.HostFacts, policy: Policy) -> tuple[int, int]:
-    """Started by root with ``--workspace``: the payload runs as the directory's owner."""
-    st = os.stat(path)
+    """Started by root with ``--workspace``: the payload runs as the directory's owner
+    (the directory as held, when the caller holds it: see corral.fsops.open_held)."""
+    fd = fsops.open_held(path, os.O_PATH | os.O_DIRECTORY)
+    if fd is None:
+        st = os.stat(path)
+    else:
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
     uid, gid = resolve.sandbox_identity(policy, facts, st.st_uid)
     if facts.is_root and st.st_uid != uid:
         owner = "root" if st.st_uid == 0 else f"uid {st.st_uid}"
@@ -95,6 +103,23 @@ def _workspace_owner(path: str, facts: host.HostFacts, policy: Policy) -> tuple[
     return uid, gid
 
 
+def _check_owners_way(given: str, held: str, policy: Policy) -> None:
+    """Started by root with ``--workspace`` and no ``--user``, the payload runs as the
+    folder's owner: every folder on the way to it as given (each link's folder and its
+    target's) must be that owner's or root's, written by no one else, so that no third
+    user sent the path to a folder of someone else's through a link of theirs (review 42).
+    ``held`` is the folder as locked (corral.workspace.held): its owner is read there."""
+    if os.geteuid() != 0 or policy.user is not None:
+        return
+    fd = fsops.open_held(held, os.O_PATH | os.O_DIRECTORY)
+    owner = os.stat(held).st_uid if fd is None else os.fstat(fd).st_uid
+    if fd is not None:
+        os.close(fd)
+    workspace.check_way(given, owner, f"workspace {given}", "started by root, corral runs "
+                        "the payload as the workspace's owner", "name the folder by a path "
+                        "through its owner's and root's folders only, or pass --user")
+
+
 def prepare(policy: Policy, *, workspace_dir: str | None, inputs: Sequence[str],
             runs_dir: str | None, facts: host.HostFacts, own_workspace: bool = False
             ) -> tuple[RunDir, tuple[int, int]]:
@@ -102,7 +127,10 @@ def prepare(policy: Policy, *, workspace_dir: str | None, inputs: Sequence[str],
     exists if this raises."""
     checked = workspace.check_inputs(inputs)
     if workspace_dir is not None:
-        ws = guard.check_workspace(workspace_dir, own_workspace)
+        # Checked again, but used as the caller held it: a name resolved now could lead
+        # elsewhere (review 42), the held path is reached through its lock's descriptor.
+        guard.check_workspace(workspace_dir, own_workspace)
+        ws = workspace_dir
         ident = _workspace_owner(ws, facts, policy)
     else:
         ws = None
@@ -123,6 +151,7 @@ def plan(cmd: Sequence[str], policy: Policy | None = None, *, workspace_dir: str
     workspace.check_inputs(inputs)
     if workspace_dir is not None:
         ws = guard.check_workspace(workspace_dir)
+        _check_owners_way(workspace_dir, ws, policy)
         uid, gid = _workspace_owner(ws, facts, policy)
     else:
         ws = os.path.join(runs_dir or workspace.default_runs_dir(), "RUN-ID", "work")
@@ -191,6 +220,7 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     # The run then uses the folder as locked, resolved once (review 6 repointed a link on
     # the way between two resolutions).
     runs = runs_dir or workspace.default_runs_dir()
+    workspace.check_runs_dir(runs)  # before its pending audits are read (recover)
     if workspace_dir:
         guard.check_workspace(workspace_dir, own_workspace)  # its refusals come first
         workspace.check_runs_apart(runs, [workspace_dir])
@@ -201,6 +231,8 @@ def run(cmd: Sequence[str] | RunRequest, policy: Policy | None = None, *,  # noq
     # (as agent mode does; the workspace is not held yet: recovering holds it itself).
     recovered = pending.recover(runs, [workspace_dir]) if workspace_dir else []
     with workspace.held([workspace_dir] if workspace_dir else [], reads) as trees:
+        if workspace_dir:
+            _check_owners_way(workspace_dir, trees[0], policy or Policy())
         inputs = [workspace.settled(p) for p in workspace.check_inputs(inputs)]
         return _run_command(argv, policy or Policy(), trees[0] if trees else None, inputs,
                             capture, stdin, env, runs_dir, own_workspace, recovered)
@@ -370,6 +402,7 @@ def run_agent(cmd: Sequence[str], policy: Policy, *, project: str, capture: bool
     init = cinit.choice()  # once per run: resolve_agent is handed the answer
     resolve.probe_ptys(policy, facts, init)  # answered by the time resolve_agent asks
     runs = runs_dir or workspace.default_runs_dir()
+    workspace.check_runs_dir(runs)  # before its pending audits are read (recover)
     # What runs whose corral was SIGKILLed left unaudited, before this scan takes it in.
     # Never from a runs directory a sandbox of this launch could write (found by review:
     # a profile's ~/ path was compared unexpanded).
@@ -449,6 +482,7 @@ def _hold(stack: ExitStack, runs: str, trees: Sequence[str],
           reads: Sequence[str]) -> None:
     """An agent's trees held (corral.workspace.held), its runs directory apart from them
     and held like what it reads."""
+    workspace.check_runs_dir(runs)
     workspace.check_runs_apart(runs, trees)
     stack.enter_context(workspace.held(trees, [*reads, runs]))
 

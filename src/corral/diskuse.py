@@ -169,13 +169,34 @@ def _entries(fd: int) -> Iterator[str]:
         raise Unmeasurable("cannot list a directory") from None
 
 
+def _open_top(root: str, restore: bool) -> int:
+    """The workspace's top, to list it: through the tree the run holds (corral.fsops), or,
+    when it holds none, by name from its parent."""
+    from .fsops import open_held
+
+    try:
+        held = open_held(root, os.O_PATH | os.O_DIRECTORY)
+    except OSError:
+        raise Unmeasurable("cannot open the workspace") from None
+    if held is None:
+        parent = os.open(os.path.dirname(root) or "/", DIR_FLAGS)
+        try:
+            return _open_dir(os.path.basename(root), parent, restore, parent_ours=False)
+        finally:
+            os.close(parent)
+    try:
+        if restore:
+            _give_back(held)
+        return os.open(".", DIR_FLAGS, dir_fd=held)
+    except OSError:
+        raise Unmeasurable("cannot read the workspace") from None
+    finally:
+        os.close(held)
+
+
 def _walk(root: str, count: _Counter, restore: bool) -> None:
     """Add every entry under ``root``; return early once over the counter's ``stop_at``."""
-    parent = os.open(os.path.dirname(root) or "/", DIR_FLAGS)
-    try:
-        top = _open_dir(os.path.basename(root), parent, restore, parent_ours=False)
-    finally:
-        os.close(parent)
+    top = _open_top(root, restore)
     stack: list[tuple[int, Iterator[str]]] = [(top, _entries(top))]
     try:
         while stack:

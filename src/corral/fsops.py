@@ -54,8 +54,58 @@ TYPE_CHECKING = False  # typing costs ~3 ms at every start (corral.record says w
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["HOST_FILE_CAP", "Entry", "Tree", "acting_as", "kind_of", "open_beneath",
-           "open_host_file", "open_no_links", "read_file", "reason", "remove_tree", "split"]
+__all__ = ["HOST_FILE_CAP", "Entry", "Tree", "acting_as", "hold", "kind_of", "open_beneath",
+           "open_dir", "open_held", "open_host_file", "open_no_links", "read_file", "reason",
+           "release", "remove_tree", "split"]
+
+# The trees this process holds (corral.workspace.held and claimed), by every path that
+# named them when they were locked: path -> the descriptors that hold it.  A tree held is
+# reached through its descriptor from then on, never by name again: the folders above it
+# may be another user's to rename (review 42: started by root for a user's project, that
+# user swapped the folder above the locked workspace for a link, and the owner's stat,
+# the bind and the audit followed it into a third user's home).
+_HELD: dict[str, list[int]] = {}
+
+
+def hold(paths: list[str], fd: int) -> list[str]:
+    """Register ``fd`` (a directory descriptor the caller keeps open) as the way to each of
+    ``paths`` and everything beneath them; return the keys, for :func:`release`."""
+    keys = list(dict.fromkeys(os.path.normpath(p) for p in paths))
+    for key in keys:
+        _HELD.setdefault(key, []).append(fd)
+    return keys
+
+
+def release(keys: list[str], fd: int) -> None:
+    for key in keys:
+        fds = _HELD.get(key)
+        if fds is not None and fd in fds:
+            fds.remove(fd)
+            if not fds:
+                del _HELD[key]
+
+
+def open_held(path: str, flags: int) -> int | None:
+    """``path`` opened with ``flags`` through the descriptor of the held tree it is in (the
+    rest beneath it, no link followed), or None when it is in no tree this process holds."""
+    if not _HELD:
+        return None
+    norm = at = os.path.normpath(path)
+    while True:
+        fds = _HELD.get(at)
+        if fds:
+            rest = os.path.relpath(norm, at)
+            return open_beneath(fds[-1], "" if rest == "." else rest, flags)
+        if at in ("/", ""):
+            return None
+        at = os.path.dirname(at)
+
+
+def open_dir(path: str, flags: int) -> int:
+    """The directory ``path``: through a held tree (:func:`open_held`), else by name."""
+    fd = open_held(path, flags)
+    return os.open(path, flags) if fd is None else fd
+
 
 class Entry(NamedTuple):
     """One name in a directory and what it is (a link is a link, never its target)."""
@@ -77,11 +127,11 @@ class Tree:
         self.root = root
         self.owner = owner
         if fd is None:
-            # The top itself is opened by name, with the launcher's own rights (the owner
-            # may not be able to reach it: a workspace in root's private runs folder):
-            # callers pass a path they resolved and checked (guard.check_writable_root),
-            # whose parents the payload cannot write.
-            fd = os.open(root, PATH_FLAGS | os.O_DIRECTORY)
+            # The top itself is opened with the launcher's own rights (the owner may not
+            # be able to reach it: a workspace in root's private runs folder): through the
+            # held tree it is in, else by name (callers pass a path they resolved and
+            # checked, guard.check_writable_root, whose parents the payload cannot write).
+            fd = open_dir(root, PATH_FLAGS | os.O_DIRECTORY)
         self.fd = fd
 
     def subtree(self, rel: str) -> Tree:

@@ -132,6 +132,9 @@ class Handles:
 def _open_handle(path: str, flags: int, no_links: bool) -> int:
     """``path`` opened with ``flags``; with ``no_links``, from ``/`` without following a
     link in any component (see corral.fsops): a swapped-in link fails, never leads out."""
+    held = fsops.open_held(path, flags)  # in a tree the run holds: through its descriptor
+    if held is not None:
+        return held
     return fsops.open_no_links(path, flags) if no_links else os.open(path, flags)
 
 

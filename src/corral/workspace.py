@@ -131,11 +131,14 @@ def claimed(run_root: str) -> Iterator[None]:
     into another run's live workspace) is refused as one through any tree a sandbox writes
     (review 8 read a host secret in, through a plain user's fresh workspace)."""
     fd = os.open(run_root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    keys: list[str] = []
     try:
         _lock(fd, fcntl.LOCK_EX, run_root, f"{run_root} is being read by another corral "
               "run")
+        keys = fsops.hold([run_root], fd)  # reached through fd from now on (fsops._HELD)
         yield
     finally:
+        fsops.release(keys, fd)
         os.close(fd)
 
 
@@ -164,6 +167,7 @@ def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]
     a live agent swapped a link onto ``/etc`` into the folder another run copied in as
     root, and its payload read ``/etc/shadow``)."""
     fds: list[int] = []
+    anchors: list[tuple[list[str], int]] = []
     try:
         own: set[tuple[int, int]] = set()
         trees: list[str] = []
@@ -184,6 +188,9 @@ def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]
                 if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
                     own.add((st.st_dev, st.st_ino))
                     trees.append(tree)
+                    # From now on the run reaches it through fd, by either name: the
+                    # folders above may be someone else's to rename (fsops._HELD).
+                    anchors.append((fsops.hold([given, tree], fd), fd))
                     continue
             raise UsageError(f"{given} changed while it was being locked",
                              "a link on its way points elsewhere now",
@@ -199,8 +206,44 @@ def held(paths: Sequence[str], reads: Sequence[str] = ()) -> Iterator[list[str]]
                        "corral run's sandbox writes", missing_ok=True)
         yield trees
     finally:
+        for keys, fd in anchors:
+            fsops.release(keys, fd)
         for fd in fds:
             os.close(fd)
+
+
+def check_runs_dir(runs_dir: str) -> None:
+    """The runs directory, and every folder on the way to it, belongs to the launcher's
+    user or root, and no one else can rename what is in it (group or world write only with
+    the sticky bit).  corral writes records, quarantines and fresh workspaces there by
+    name (review 42: in a folder another user could write, that user swapped ``RUNS/<id>``
+    for a link, and root wrote its record and the audit's quarantine, and bound the fresh
+    workspace, where the link led; a plain user's sandbox got that user's folder)."""
+    check_way(runs_dir, os.geteuid(), f"the runs directory {runs_dir}",
+              "corral writes records, quarantines and fresh workspaces there by name",
+              "choose a runs directory of your own (--runs-dir or CORRAL_RUNS_DIR)")
+
+
+def check_way(path: str, uid: int, what: str, why: str, fix: str) -> None:
+    """Every folder ``path`` is looked up through (each link's folder and its target's
+    too), and ``path`` itself, belongs to ``uid`` or root and is written by no one else
+    (group or world write only with the sticky bit): no other user can send the path
+    elsewhere.  Refused (UsageError) otherwise, naming the folder."""
+    real, folders = _walk(path)
+    for folder in [*folders, real]:
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            continue  # made by this launcher, below a folder that passed
+        except OSError as e:
+            raise UsageError(f"cannot check {folder}, on the way to {what}",
+                             e.strerror or str(e), fix) from None
+        others = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+        if st.st_uid not in (0, uid) or others:
+            who = f"uid {st.st_uid} owns" if st.st_uid not in (0, uid) else \
+                "others may write without the sticky bit"
+            raise UsageError(f"{what} is reached through {folder}, which {who}",
+                             f"{why}: no other user may rename anything on the way", fix)
 
 
 def check_runs_apart(runs_dir: str, trees: Sequence[str]) -> None:
@@ -359,6 +402,7 @@ def quarantine(root: str | None, runs_dir: str | None = None, project: str = ""
 def _new_run_root(runs_dir: str) -> tuple[str, str]:
     """A fresh ``RUNS/<run-id>`` directory, private to the launcher."""
     check_path(os.path.abspath(runs_dir), "runs directory")
+    check_runs_dir(runs_dir)
     run_id = new_run_id()
     root = os.path.join(runs_dir, run_id)
     try:
@@ -477,7 +521,7 @@ class Walk:
 
     def __iter__(self) -> Iterator[tuple[str, os.stat_result, int]]:
         try:
-            top = os.open(self.root, DIR_FLAGS)
+            top = fsops.open_dir(self.root, DIR_FLAGS)
         except OSError:
             self.complete = False
             return

@@ -26,7 +26,7 @@ import os
 import pwd
 from collections.abc import Callable, Iterator, Sequence
 
-from .. import discover, fsops, guard, interp, program, repos, resolve
+from .. import discover, fsops, guard, interp, program, repos, resolve, workspace
 from ..bwrap import (
     DEV_SEAL,
     BindFd,
@@ -141,10 +141,11 @@ def agent_mounts(layout: Layout) -> list[Op]:
     for e in sorted(layout.writable, key=lambda e: e.path.count("/")):
         ops.extend(parents(e.path, made, modes))
         made.add(e.path)
-        # A tree is held (corral.workspace.held) and opened as locked; a file is not held:
-        # opened, as resolved, without following a link (see _read_only).
-        ops.append(BindFd(PathHandle(e.source or e.path, e.kind == "dir",
-                                     no_links=e.kind == "file"), e.path, writable=True))
+        # A tree the run holds (corral.workspace.held) is opened through its lock's
+        # descriptor; anything else (a file, corral's copy of the state) as resolved,
+        # without following a link (see _read_only).
+        ops.append(BindFd(PathHandle(e.source or e.path, e.kind == "dir", no_links=True),
+                          e.path, writable=True))
     ops.extend(_finding_ops(layout.findings))
     return ops
 
@@ -196,6 +197,12 @@ def _who(project: str, host: HostFacts, policy: Policy) -> tuple[int, int, str, 
         uid, gid = resolve.parse_user(policy.user)
     else:
         st = os.stat(project)
+        # The agent runs as the owner: no third user's link on the way may choose whose
+        # folder, and so whose uid (review 42; corral.workspace.check_way).
+        workspace.check_way(project, st.st_uid, f"project {project}", "started by root, "
+                            "corral runs the agent as the project's owner", "start corral "
+                            "in the folder by a path through its owner's and root's folders "
+                            "only, or pass --user")
         if st.st_uid == 0:
             raise UsageError(
                 f"project {project} is owned by root",
@@ -236,6 +243,21 @@ def writable_paths(policy: Policy, host: HostFacts, project: str) -> list[str]:
     return [os.path.realpath(p) for p in paths]
 
 
+def _same_owner(project: str, uid: int) -> None:
+    """The project as held (corral.fsops.open_held) is still the owner's the agent runs as:
+    a folder above swapped between the owner's stat and the lock fails here (review 42)."""
+    fd = fsops.open_held(project, os.O_PATH | os.O_DIRECTORY)
+    try:
+        owner = os.fstat(fd).st_uid if fd is not None else os.stat(project).st_uid
+    finally:
+        if fd is not None:
+            os.close(fd)
+    if owner != uid:
+        raise UsageError(f"project {project} changed while corral started",
+                         f"it was uid {uid}'s, the folder now there is uid {owner}'s",
+                         "start again, from the folder itself")
+
+
 def _writable(policy: Policy, home: str, project: str) -> list[Entry]:
     """The project and the paths the profile or ``--rw`` make writable (if they exist)."""
     entries = [Entry(project, "rw", "dir", "the project")]
@@ -272,7 +294,7 @@ def _check_state_alone(dirs: Sequence[state.StateDir], others: Sequence[str]) ->
 
 def _state_entries(dirs: Sequence[state.StateDir]) -> list[Entry]:
     return [Entry(d.dest, "rw", "dir", f"the agent's state: corral's private copy, {d.source}",
-                  d.source) for d in dirs]
+                  os.path.realpath(d.source)) for d in dirs]
 
 
 def _listed_read_only(policy: Policy, home: str, writable: Sequence[Entry]) -> list[Finding]:
@@ -373,10 +395,17 @@ def resolve_agent(policy: Policy, argv: Sequence[str], host: HostFacts, project:
         hold([e.path for e in writable if e.kind == "dir"],  # as given: links on the way too
              [*(_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only)),
               *(e.path for e in writable if e.kind == "file")])
+        if host.is_root and policy.user is None:
+            _same_owner(project, uid)
     state.check_apart(home, [e.path for e in writable])
     dirs = state.plan(policy, home, [e.path for e in writable])
     _check_state_alone(dirs, [*(e.path for e in writable),
                               *(_expand(p, home) for p in (*BASE_READ_ONLY, *policy.read_only))])
+    if host.is_root:  # bound writable for uid: reached through its and root's folders only
+        for d in dirs:
+            workspace.check_way(d.source, uid, f"corral's copy of the agent's state "
+                                f"{d.source}", "started by root, corral binds it writable "
+                                "for the agent's user", "remove the link on the way")
     notes = state.prepare(policy, home, (uid, gid) if host.is_root else None, dirs,
                           import_state) if prepare else []
     # Only the user's own trees are scanned: nothing in corral's copy of the agent's state
