@@ -497,9 +497,10 @@ def test_a_runs_directory_someone_else_can_change_is_refused(who: Identity, lab:
     """Review 42: corral writes the run's record, the audit's quarantine and a fresh
     workspace in ``RUNS/<id>`` by name; in a runs directory another user could write,
     that user swapped ``RUNS/<id>`` for a link and root wrote its record where the link
-    led.  Such a runs directory is refused: another user's (root's run), or one others
-    may write without the sticky bit (a plain user's).  Control: taken anyway, the same
-    swap puts the record in the attacker's folder."""
+    led.  Such a runs directory is refused: another user's (root's run), one others may
+    write without the sticky bit (a plain user's), or one named through another user's
+    link in a sticky folder (review 43: its owner repointed it during the run).  Control:
+    taken anyway, the same swap puts the record in the attacker's folder."""
     runs = who.tmp / "others-runs"
     runs.mkdir()
     if who.is_root:
@@ -514,6 +515,15 @@ def test_a_runs_directory_someone_else_can_change_is_refused(who: Identity, lab:
                        str(target)], timeout=300)
         assert "REFUSED UsageError" in got.stdout and "runs directory" in got.stdout, got
         assert not (target / "record.json").exists()
+        if who.is_root:  # another user's link to a runs directory of root's own
+            (who.tmp / "sticky").mkdir(mode=0o1777)
+            (who.tmp / "sticky").chmod(0o1777)
+            (who.tmp / "own-runs").mkdir(mode=0o700)
+            (who.tmp / "sticky" / "runs").symlink_to(who.tmp / "own-runs")
+            os.lchown(who.tmp / "sticky" / "runs", lab.uid, lab.gid)
+            r = who.corral("run", "--runs-dir", str(who.tmp / "sticky" / "runs"), "--",
+                           "/bin/true")
+            assert r.returncode == 125 and "through the link" in r.stderr, r
         ctl = who.run([who.prefix()[-1], "-c", RUNS_SWAP, "control", str(runs), str(target)],
                       timeout=300)
         assert "RAN exited" in ctl.stdout and (target / "record.json").exists(), ctl
@@ -539,9 +549,21 @@ def test_root_never_takes_an_owner_through_a_third_users_link(root: Identity, la
     os.lchown(link, lab.uid, lab.gid)
     cmd = ["run", "--workspace", f"{link}/src", "--", "/bin/sh", "-c",
            "id -u; cat /work/notes.txt"]
+    # Review 43: the user's link alone, in a sticky folder of root's (as in /tmp), where
+    # its owner may repoint it at any time; every folder on the way is root's or the
+    # victim's.  The link's own owner is checked too.
+    sticky = root.tmp / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    (sticky / "proj").symlink_to(victim / "src")
+    os.lchown(sticky / "proj", lab.uid, lab.gid)
     try:
         r = root.corral(*cmd)
         assert r.returncode == 125 and "reached through" in r.stderr, r
+        assert lab.token not in r.stdout
+        r = root.corral("run", "--workspace", str(sticky / "proj"), "--", "/bin/sh", "-c",
+                        "id -u; cat /work/notes.txt")
+        assert r.returncode == 125 and "reached through the link" in r.stderr, r
         assert lab.token not in r.stdout
         ctl = root.run([sys.executable, "-c", "import sys\nfrom corral import cli, workspace\n"
                         "workspace.check_way = lambda *a: None\ncli.main(sys.argv[1:])",

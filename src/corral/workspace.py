@@ -227,9 +227,17 @@ def check_runs_dir(runs_dir: str) -> None:
 def check_way(path: str, uid: int, what: str, why: str, fix: str) -> None:
     """Every folder ``path`` is looked up through (each link's folder and its target's
     too), and ``path`` itself, belongs to ``uid`` or root and is written by no one else
-    (group or world write only with the sticky bit): no other user can send the path
-    elsewhere.  Refused (UsageError) otherwise, naming the folder."""
-    real, folders = _walk(path)
+    (group or world write only with the sticky bit), and so does every link on the way:
+    no other user can send the path elsewhere (review 43: a link of another user's in a
+    sticky folder, /tmp, which its owner may repoint at any time).  Refused (UsageError)
+    otherwise, naming the folder or link."""
+    links: list[tuple[str, int]] = []
+    real, folders = _walk(path, links)
+    for link, owner in links:
+        if owner not in (0, uid):
+            raise UsageError(f"{what} is reached through the link {link}, which uid "
+                             f"{owner} owns", f"{why}: no other user may send the path "
+                             "elsewhere", fix)
     for folder in [*folders, real]:
         try:
             st = os.stat(folder)
@@ -268,14 +276,16 @@ def settled(path: str) -> str:
     return os.path.join(_walk(parent or "/")[0], name)
 
 
-def _walk(given: str) -> tuple[str, list[str]]:
+def _walk(given: str, links_seen: list[tuple[str, int]] | None = None
+          ) -> tuple[str, list[str]]:
     """``given`` resolved as the kernel resolves it, one name at a time, and every folder
     a name was looked up in on the way there: the folders above it, each link's folder,
     and every folder its target passes through.  A sandbox that writes any of them could
     send the path elsewhere; :func:`os.path.realpath` names only where the path ends up
     (review 8: a link to a link another run's sandbox made, in its live workspace).  The
     folders come out closed upwards (each one's are there too).  A part that is missing
-    or cannot be looked at ends the walk: what is beyond names nothing yet."""
+    or cannot be looked at ends the walk: what is beyond names nothing yet.
+    ``links_seen``, when given, gets each link on the way and its owner's uid."""
     rest = given if given.startswith("/") else os.path.join(os.getcwd(), given)
     todo = [p for p in rest.split("/") if p]
     here, links, folders = "/", 0, {"/": None}
@@ -299,6 +309,8 @@ def _walk(given: str) -> tuple[str, list[str]]:
         except OSError:
             return os.path.join(nxt, *todo), list(folders)
         if stat.S_ISLNK(st.st_mode):
+            if links_seen is not None:
+                links_seen.append((nxt, st.st_uid))
             links += 1
             if links > MAX_LINKS:
                 raise UsageError(f"{given} goes through more than {MAX_LINKS} symbolic "
