@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import shutil
 import subprocess
 import sys
@@ -571,3 +572,31 @@ def test_root_never_takes_an_owner_through_a_third_users_link(root: Identity, la
         assert ctl.stdout.split()[:2] == ["65534", lab.token], ctl
     finally:
         link.unlink()
+
+
+def test_a_group_writable_folder_of_ones_own_group_is_not_another_writer(
+        root: Identity, lab: Lab) -> None:
+    """Debian's and Ubuntu's usergroups umask (002) leaves home folders such as ~/.local
+    group-writable for the owner's own group, which no one else is in: the runs
+    directory's check takes that for what it is.  Control: the same folder in a group
+    another user is in is refused."""
+    import grp
+
+    from corral import workspace
+    from corral.errors import UsageError
+
+    folder = root.tmp / "upg"
+    folder.mkdir()
+    os.chown(folder, lab.uid, lab.gid)  # the test user's own group (useradd made it)
+    folder.chmod(0o775)
+    assert grp.getgrgid(lab.gid).gr_mem in ([], [pwd.getpwuid(lab.uid).pw_name])
+    workspace.check_way(str(folder / "runs"), lab.uid, "runs", "why", "fix")
+    name = f"crl-{os.urandom(4).hex()}"  # one of its own: test sessions run side by side
+    subprocess.run(["groupadd", "-f", name], check=True)
+    try:
+        subprocess.run(["gpasswd", "-a", "nobody", name], check=True, capture_output=True)
+        os.chown(folder, lab.uid, grp.getgrnam(name).gr_gid)
+        with pytest.raises(UsageError, match="others may write"):
+            workspace.check_way(str(folder / "runs"), lab.uid, "runs", "why", "fix")
+    finally:
+        subprocess.run(["groupdel", name], check=False)

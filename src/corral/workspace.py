@@ -227,7 +227,8 @@ def check_runs_dir(runs_dir: str) -> None:
 def check_way(path: str, uid: int, what: str, why: str, fix: str) -> None:
     """Every folder ``path`` is looked up through (each link's folder and its target's
     too), and ``path`` itself, belongs to ``uid`` or root and is written by no one else
-    (group or world write only with the sticky bit), and so does every link on the way:
+    (world write only with the sticky bit, group write with it or in the owner's private
+    group), and so does every link on the way:
     no other user can send the path elsewhere (review 43: a link of another user's in a
     sticky folder, /tmp, which its owner may repoint at any time).  Refused (UsageError)
     otherwise, naming the folder or link."""
@@ -246,12 +247,28 @@ def check_way(path: str, uid: int, what: str, why: str, fix: str) -> None:
         except OSError as e:
             raise UsageError(f"cannot check {folder}, on the way to {what}",
                              e.strerror or str(e), fix) from None
-        others = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
+        writers = st.st_mode & 0o002 or (st.st_mode & 0o020 and not _private_group(st))
+        others = writers and not st.st_mode & stat.S_ISVTX
         if st.st_uid not in (0, uid) or others:
             who = f"uid {st.st_uid} owns" if st.st_uid not in (0, uid) else \
                 "others may write without the sticky bit"
             raise UsageError(f"{what} is reached through {folder}, which {who}",
                              f"{why}: no other user may rename anything on the way", fix)
+
+
+def _private_group(st: os.stat_result) -> bool:
+    """The folder's group is its owner's own (a user-private group, no other member):
+    group write then gives no one else anything (Debian and Ubuntu's usergroups umask 002
+    makes home folders such as ~/.local group-writable)."""
+    import grp
+    import pwd
+
+    try:
+        owner = pwd.getpwuid(st.st_uid)
+        group = grp.getgrgid(st.st_gid)
+    except KeyError:
+        return False
+    return owner.pw_gid == st.st_gid and all(m == owner.pw_name for m in group.gr_mem)
 
 
 def check_runs_apart(runs_dir: str, trees: Sequence[str]) -> None:
