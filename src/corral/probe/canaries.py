@@ -344,7 +344,11 @@ class Site:
             "via-name": ("127.0.0.1", 0), "via-numeric": ("127.0.0.1", 0)})
 
     def _chown(self, owner: tuple[int, int]) -> None:
+        # The runs directory stays the launcher's: corral refuses one another user owns
+        # (its records and quarantines are written there by name).
+        runs = self.plant.places()["runs"] if self.plant is not None else None
         for top, dirs, files in os.walk(self.root):
+            dirs[:] = [d for d in dirs if os.path.join(top, d) != runs]
             for name in (*dirs, *files):
                 os.lchown(os.path.join(top, name), *owner)
 
