@@ -437,6 +437,11 @@ def test_daemon_that_escaped_its_parent_is_killed_at_teardown(who: Identity,
     try:
         raw_bwrap(bwrap, ["--bind", str(ctl), "/work", "--ro-bind", str(script), "/d.py"],
                   ["/usr/bin/python3", "/d.py", ctl_marker])
+        # Looked for until seen: a process caught in its exec shows an empty command line
+        # (a loaded CI machine missed the daemon that way once).
+        deadline = time.monotonic() + 10
+        while not processes_with(ctl_marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert processes_with(ctl_marker)
     finally:
         for pid in processes_with(ctl_marker):
