@@ -951,3 +951,25 @@ def test_a_writable_file_named_through_a_link_is_refused(who: Identity, lab: Lab
         assert "DONE" in ok.stdout and "WRITTEN" in (shared / "real.txt").read_text(), ok
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_program_that_is_a_link_inside_a_read_only_folder_runs(who: Identity, lab: Lab
+                                                                 ) -> None:
+    """npm's ``node_modules/.bin/claude`` is a link to the package's script, inside the
+    folder given with ``--ro``.  Bound by descriptor onto that link, bwrap found the link,
+    not the file it had mounted, and refused every real agent ("a directory to bind was
+    replaced while the sandbox started", seen in CI).  The link is shown as the link it
+    is now, its target bound as an entry of its own."""
+    tools = lab.home / "tools"  # where the agent's user can run it
+    (tools / "lib").mkdir(parents=True)
+    (tools / "bin").mkdir()
+    (tools / "lib" / "tool.sh").write_text("#!/bin/sh\necho TOOL-RAN\n")
+    (tools / "lib" / "tool.sh").chmod(0o755)
+    (tools / "bin" / "tool").symlink_to("../lib/tool.sh")
+    lab.own(tools)
+    try:
+        r = who.corral("agent", "--ro", str(tools), "--", str(tools / "bin" / "tool"),
+                       cwd=lab.project)
+        assert r.returncode == 0 and "TOOL-RAN" in r.stdout, r
+    finally:
+        shutil.rmtree(tools, ignore_errors=True)

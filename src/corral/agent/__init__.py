@@ -333,7 +333,20 @@ def _read_only(policy: Policy, home: str, program: Sequence[tuple[str, str]],
     if any(_under(host.python, t) for t in hidden):
         entries.append(_resolved(Entry(host.python_prefix, "ro", "dir",
                                        "corral's Python, for its init")))
-    return entries
+    return [e for e in entries if not _shown_as_a_link(e, entries, hidden)]
+
+
+def _shown_as_a_link(e: Entry, entries: Sequence[Entry], hidden: Sequence[str]) -> bool:
+    """A link (``node_modules/.bin/claude``) the sandbox already shows as the link it is,
+    inside another read-only folder or outside every emptied tree: nothing to bind (its
+    target is an entry of its own).  Bound by descriptor onto that link, bwrap found the
+    link, not the file, where it had mounted, and refused ("Race condition binding
+    dirfd")."""
+    if not e.source or not os.path.islink(e.path):
+        return False
+    inside = any(o.kind == "dir" and o.path != e.path and _under(e.path, o.path)
+                 for o in entries)
+    return inside or not any(_under(e.path, t) for t in hidden)
 
 
 def _resolved(e: Entry) -> Entry:
