@@ -84,14 +84,7 @@ class Result(Record, frozen=True):
 def _workspace_owner(path: str, facts: host.HostFacts, policy: Policy) -> tuple[int, int]:
     """Started by root with ``--workspace``: the payload runs as the directory's owner
     (the directory as held, when the caller holds it: see corral.fsops.open_held)."""
-    fd = fsops.open_held(path, os.O_PATH | os.O_DIRECTORY)
-    if fd is None:
-        st = os.stat(path)
-    else:
-        try:
-            st = os.fstat(fd)
-        finally:
-            os.close(fd)
+    st = fsops.stat_held(path)
     uid, gid = resolve.sandbox_identity(policy, facts, st.st_uid)
     if facts.is_root and st.st_uid != uid:
         owner = "root" if st.st_uid == 0 else f"uid {st.st_uid}"
@@ -111,13 +104,10 @@ def _check_owners_way(given: str, held: str, policy: Policy) -> None:
     ``held`` is the folder as locked (corral.workspace.held): its owner is read there."""
     if os.geteuid() != 0 or policy.user is not None:
         return
-    fd = fsops.open_held(held, os.O_PATH | os.O_DIRECTORY)
-    owner = os.stat(held).st_uid if fd is None else os.fstat(fd).st_uid
-    if fd is not None:
-        os.close(fd)
-    workspace.check_way(given, owner, f"workspace {given}", "started by root, corral runs "
-                        "the payload as the workspace's owner", "name the folder by a path "
-                        "through its owner's and root's folders only, or pass --user")
+    workspace.check_way(given, fsops.stat_held(held).st_uid, f"workspace {given}",
+                        "started by root, corral runs the payload as the workspace's owner",
+                        "name the folder by a path through its owner's and root's folders "
+                        "only, or pass --user")
 
 
 def prepare(policy: Policy, *, workspace_dir: str | None, inputs: Sequence[str],
@@ -482,8 +472,7 @@ def _hold(stack: ExitStack, runs: str, trees: Sequence[str],
           reads: Sequence[str]) -> None:
     """An agent's trees held (corral.workspace.held), its runs directory apart from them
     and held like what it reads."""
-    workspace.check_runs_dir(runs)
-    workspace.check_runs_apart(runs, trees)
+    workspace.check_runs_apart(runs, trees)  # (check_runs_dir: run_agent's start)
     stack.enter_context(workspace.held(trees, [*reads, runs]))
 
 

@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HOST_FILE_CAP", "Entry", "Tree", "acting_as", "hold", "kind_of", "open_beneath",
            "open_dir", "open_held", "open_host_file", "open_no_links", "read_file", "reason",
-           "release", "remove_tree", "split"]
+           "release", "remove_tree", "split", "stat_held"]
 
 # The trees this process holds (corral.workspace.held and claimed), by every path that
 # named them when they were locked: path -> the descriptors that hold it.  A tree held is
@@ -99,6 +99,18 @@ def open_held(path: str, flags: int) -> int | None:
         if at in ("/", ""):
             return None
         at = os.path.dirname(at)
+
+
+def stat_held(path: str) -> os.stat_result:
+    """``path``'s own status: through the held tree it is in (:func:`open_held`), else by
+    name.  What decides whose a held folder is (the identity a payload gets)."""
+    fd = open_held(path, os.O_PATH | os.O_DIRECTORY)
+    if fd is None:
+        return os.stat(path)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
 
 
 def open_dir(path: str, flags: int) -> int:

@@ -431,8 +431,7 @@ def quarantine(root: str | None, runs_dir: str | None = None, project: str = ""
 def _new_run_root(runs_dir: str) -> tuple[str, str]:
     """A fresh ``RUNS/<run-id>`` directory, private to the launcher."""
     check_path(os.path.abspath(runs_dir), "runs directory")
-    check_runs_dir(runs_dir)
-    run_id = new_run_id()
+    run_id = new_run_id()  # (check_runs_dir: api.run's and api.run_agent's start)
     root = os.path.join(runs_dir, run_id)
     try:
         os.makedirs(runs_dir, mode=0o700, exist_ok=True)

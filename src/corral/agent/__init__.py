@@ -246,12 +246,7 @@ def writable_paths(policy: Policy, host: HostFacts, project: str) -> list[str]:
 def _same_owner(project: str, uid: int) -> None:
     """The project as held (corral.fsops.open_held) is still the owner's the agent runs as:
     a folder above swapped between the owner's stat and the lock fails here (review 42)."""
-    fd = fsops.open_held(project, os.O_PATH | os.O_DIRECTORY)
-    try:
-        owner = os.fstat(fd).st_uid if fd is not None else os.stat(project).st_uid
-    finally:
-        if fd is not None:
-            os.close(fd)
+    owner = fsops.stat_held(project).st_uid
     if owner != uid:
         raise UsageError(f"project {project} changed while corral started",
                          f"it was uid {uid}'s, the folder now there is uid {owner}'s",
